@@ -1,0 +1,135 @@
+"""The record one request carries down the pipeline: each stage reads what earlier stages wrote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Operation = Literal["chat", "text_completion", "embeddings"]
+RouteClass = Literal["interactive", "bulk"]
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts as the upstream reported them (cached ⊆ prompt)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reported: bool = False
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Prompt tokens that paid for prefill."""
+        return max(self.prompt_tokens - self.cached_tokens, 0)
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """Who pays for the request (resolved from the API key)."""
+
+    id: str
+    default_class: RouteClass | None = None
+    normalize: Literal["off", "observe", "on"] = "off"
+    normalize_rules: frozenset[str] | None = None
+    capture_content: bool = False
+    shared_cache: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizeReport:
+    """What normalization did (or would do, in observe mode): rule names and counts, never values."""
+
+    mode: Literal["off", "observe", "on"]
+    moved: dict[str, int] = field(default_factory=dict)  # rule name -> spans moved
+    tools_canonicalized: int = 0
+    date_pinned: bool = False
+    applied: bool = False
+
+    @property
+    def moved_total(self) -> int:
+        """Number of spans moved across all rules."""
+        return sum(self.moved.values())
+
+    def header(self) -> str:
+        """The `x-kvgate-normalized` header value."""
+        if self.mode == "off":
+            return "off"
+        rules = ",".join(f"{k}:{v}" for k, v in sorted(self.moved.items()))
+        parts = [self.mode, f"moved={self.moved_total}"]
+        if rules:
+            parts.append(f"rules={rules}")
+        if self.tools_canonicalized:
+            parts.append(f"tools={self.tools_canonicalized}")
+        if self.date_pinned:
+            parts.append("date_pinned")
+        return ";".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassDecision:
+    """The latency class and the rule that chose it."""
+
+    route_class: RouteClass
+    reason: str  # header | service_tier | tenant_default | stream | n | max_tokens | default | degraded
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    """Where the request goes: pool, replica, and why."""
+
+    pool: str
+    replica: str
+    policy: str
+    reason: str
+    runner_up: str | None = None
+    spilled: bool = False
+    priority: int | None = None
+    attempt: int = 1
+
+
+@dataclass(slots=True)
+class Timing:
+    """Monotonic timestamps (time.perf_counter) the settle stage turns into latencies."""
+
+    start: float = 0.0
+    upstream_start: float = 0.0
+    first_byte: float = 0.0
+    first_token: float = 0.0
+    end: float = 0.0
+    upstream_busy: float = 0.0  # seconds spent waiting on the upstream, excluded from overhead
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Everything known about one request; created by the api stage, completed by settle."""
+
+    request_id: str
+    operation: Operation
+    path: str
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    headers: dict[str, str]
+    timing: Timing = field(default_factory=Timing)
+    tenant: Tenant | None = None
+    estimated_input_tokens: int = 0
+    limit_notes: list[str] = field(default_factory=list)
+    normalize_report: NormalizeReport | None = None
+    cache_salt: str | None = None
+    route_class: ClassDecision | None = None
+    route: RouteDecision | None = None
+    usage: Usage = field(default_factory=Usage)
+    status: int = 0
+    error_type: str | None = None
+    response_id: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    cost_usd: float = 0.0
+    savings_usd: float = 0.0
+    extra_response_headers: dict[str, str] = field(default_factory=dict)
