@@ -81,6 +81,9 @@ class PriceConfig(_Strict):
     input_per_m: float | None = Field(None, ge=0)
     cached_input_per_m: float | None = Field(None, ge=0)
     output_per_m: float | None = Field(None, ge=0)
+    # With derived prices a cached input token is charged this fraction of an uncached one: its
+    # prefill is skipped, only its KV memory is held (hosted APIs price it at ~0.1x too).
+    cached_ratio: float = Field(0.1, ge=0, le=1)
 
     @model_validator(mode="after")
     def _complete(self) -> PriceConfig:
