@@ -1,0 +1,92 @@
+"""The ASGI application: FastAPI for the control surface, raw ASGI endpoints for inference."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.api.proxy import InferenceEndpoint
+from app.config import GatewayConfig
+from app.errors import error_body
+from app.pipeline import Gateway
+from app.upstream import create_session
+
+
+class _OrjsonResponse(JSONResponse):
+    def render(self, content: object) -> bytes:
+        return orjson.dumps(content)
+
+
+def create_app(cfg: GatewayConfig) -> FastAPI:
+    """Build the gateway app; long-lived state is created in the lifespan and kept on app.state."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        session = create_session(cfg.upstream)
+        gateway = Gateway(cfg, session)
+        await gateway.start()
+        app.state.gateway = gateway
+        try:
+            yield
+        finally:
+            await gateway.stop()
+            await session.close()
+
+    app = FastAPI(title="kvgate", version="0.1.0", lifespan=lifespan, default_response_class=_OrjsonResponse)
+    started = int(time.time())
+
+    def gateway() -> Gateway:
+        gw: Gateway = app.state.gateway
+        return gw
+
+    endpoint = InferenceEndpoint(gateway)
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+        app.router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, object]:
+        """The public model names from the config."""
+        data = [{"id": m.name, "object": "model", "created": started, "owned_by": "kvgate"} for m in cfg.models]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Ready when every model has at least one healthy replica."""
+        missing = gateway().unready_models()
+        if missing:
+            return _OrjsonResponse({"status": "unready", "models_without_replica": missing}, status_code=503)
+        return _OrjsonResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text of the gateway's own metrics."""
+        body, content_type = gateway().render_metrics()
+        return Response(body, media_type=content_type)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = error_body(str(exc.detail), kind, None, None)
+        return Response(body, status_code=exc.status_code, media_type="application/json")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        body = error_body(str(first.get("msg", "invalid request")), "invalid_request_error", param, None)
+        return Response(body, status_code=400, media_type="application/json")
+
+    return app

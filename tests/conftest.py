@@ -1,0 +1,66 @@
+"""Fixtures shared by the fast tier: a fake upstream and a gateway in front of it, on real sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import pytest
+
+from app.api.app import create_app
+from app.config import GatewayConfig, parse_config
+from tests.servers import FakeUpstream, serve_in_thread
+
+PUBLIC_MODEL = "public-model"
+
+
+def gateway_config(replicas: list[str], **overrides: Any) -> GatewayConfig:
+    """A one-model, one-pool config in front of `replicas`, anonymous access; overrides merge at top level."""
+    raw: dict[str, Any] = {
+        "models": [{"name": PUBLIC_MODEL, "pools": ["main"]}],
+        "pools": {
+            "main": {
+                "role": "interactive",
+                "served_model": "served-model",
+                "replicas": replicas,
+                "policy": "round_robin",
+                "price": {"input_per_m": 1.0, "cached_input_per_m": 0.1, "output_per_m": 2.0},
+            }
+        },
+        "auth": {"required": False},
+        "upstream": {"connect_timeout_s": 1, "read_timeout_s": 2, "max_body_bytes": 65536, "retries": 2},
+        "routing": {"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 1},
+    }
+    raw.update(overrides)
+    return parse_config(raw, env={})
+
+
+@contextmanager
+def running_gateway(cfg: GatewayConfig) -> Iterator[str]:
+    """The gateway app on a free loopback port; yields its base URL."""
+    with serve_in_thread(create_app(cfg)) as url:
+        yield url
+
+
+@pytest.fixture
+def fake_upstream() -> Iterator[tuple[FakeUpstream, str]]:
+    """One fake upstream replica and its URL."""
+    fake = FakeUpstream()
+    with serve_in_thread(fake.app()) as url:
+        yield fake, url
+
+
+@pytest.fixture
+def gateway(fake_upstream: tuple[FakeUpstream, str]) -> Iterator[str]:
+    """A gateway in front of the fake upstream."""
+    _, url = fake_upstream
+    with running_gateway(gateway_config([url])) as gw:
+        yield gw
+
+
+@pytest.fixture
+def stack() -> Iterator[Callable[..., str]]:
+    """Start gateways on demand (closed at teardown): stack(cfg) -> base URL."""
+    with ExitStack() as es:
+        yield lambda cfg: es.enter_context(running_gateway(cfg))
