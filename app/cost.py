@@ -86,18 +86,18 @@ def format_usd(usd: float) -> str:
 class IdleCostMeter:
     """A pool's idle GPU money: cumulative GPU $ since start minus cumulative $ charged to requests.
 
-    The raw difference falls whenever a charge lands and rises between charges; exposed as a monotone
-    counter it is the difference's running maximum (its high-water mark, never below 0). Charges above the
-    GPU spend (the pool served more than its configured capacity) first pay back that surplus before idle
-    grows again, so over any window where the pool ends at its high-water mark the counter's increase is
-    exactly "GPU $ over the window minus $ charged in it". The maximum is taken just before each charge and
-    at each read, which is exact because the difference only rises between charges.
+    Exposed as a monotone counter, so a read returns the larger of the current difference and the last
+    value returned (never below 0). While charges keep below the GPU spend — every pool that is not run past
+    its configured capacity — the counter's increase between two reads is exactly "GPU $ in between minus $
+    charged in between". When charges outrun the GPU spend (more tokens/s than the configured capacity), the
+    counter holds still and that surplus is paid back before idle grows again. Charges count as soon as they
+    land: a request's tokens used GPU time before it settled.
 
     Several gateway replicas: each replica's meter counts the whole pool's GPU $ but only the charges that
     replica settled, so each replica's idle figure is too high and summing them counts the GPU N times.
     Fleet-wide idle is `max by (pool) (gateway_pool_gpu_cost_usd_total)` minus
-    `sum by (pool) (gateway_tenant_cost_usd_total)` (rates of both over the same window), not a sum of this
-    counter; with one replica both give the same answer.
+    `sum by (pool) (gateway_tenant_cost_usd_total)` (increases of both over the same window), not a sum of
+    this counter; with one replica both give the same answer.
 
     Thread-safe: charges come from the event loop, reads from the metric export thread.
     """
@@ -110,17 +110,11 @@ class IdleCostMeter:
         self._high = 0.0
         self._lock = threading.Lock()
 
-    def _advance(self, now: float) -> None:
-        diff = (now - self._start) * self._rate - self._charged
-        if diff > self._high:
-            self._high = diff
-
     def charge(self, usd: float) -> None:
         """Account `usd` charged to a request this pool served."""
         if usd <= 0.0:
             return
         with self._lock:
-            self._advance(self._clock())
             self._charged += usd
 
     def gpu_cost(self) -> float:
@@ -134,5 +128,7 @@ class IdleCostMeter:
     def idle_cost(self) -> float:
         """Idle $ so far (monotone non-decreasing)."""
         with self._lock:
-            self._advance(self._clock())
+            diff = (self._clock() - self._start) * self._rate - self._charged
+            if diff > self._high:
+                self._high = diff
             return self._high

@@ -121,8 +121,16 @@ def test_idle_meter_holds_steady_while_charges_exceed_gpu_spend() -> None:
     meter.charge(0.5)  # far more than the 0.1 of GPU time so far: the pool ran over capacity
     clock.advance(10)
     assert meter.idle_cost() == pytest.approx(before)
-    clock.advance(60)  # 0.8 GPU $ in total against 0.5 charged: past the earlier high-water mark again
+    clock.advance(60)  # 0.8 GPU $ in total against 0.5 charged: past the earlier value again
     assert meter.idle_cost() == pytest.approx(0.8 - 0.5)
+
+
+def test_idle_meter_counts_a_charge_as_soon_as_it_lands() -> None:
+    clock = FakeClock()
+    meter = IdleCostMeter(0.01, clock)
+    clock.advance(100)
+    meter.charge(0.25)
+    assert meter.idle_cost() == pytest.approx(100 * 0.01 - 0.25)
 
 
 def test_idle_meter_ignores_non_positive_charges() -> None:
@@ -139,7 +147,9 @@ def test_idle_meter_ignores_non_positive_charges() -> None:
         st.tuples(st.floats(0, 100, allow_nan=False), st.floats(0, 2, allow_nan=False)), min_size=1, max_size=40
     )
 )
-def test_idle_meter_is_monotone_and_equals_running_max_of_difference(steps: list[tuple[float, float]]) -> None:
+def test_idle_meter_is_monotone_and_equals_running_max_of_read_differences(
+    steps: list[tuple[float, float]],
+) -> None:
     rate = 0.01
     clock = FakeClock()
     meter = IdleCostMeter(rate, clock)
@@ -147,7 +157,6 @@ def test_idle_meter_is_monotone_and_equals_running_max_of_difference(steps: list
     for dt, usd in steps:
         clock.advance(dt)
         elapsed += dt
-        high = max(high, elapsed * rate - charged)
         meter.charge(usd)
         charged += usd
         value = meter.idle_cost()

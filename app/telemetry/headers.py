@@ -3,9 +3,11 @@
 Non-streaming responses carry `x-kvgate-cost-usd` and `x-kvgate-overhead-ms` as headers. A stream's
 headers leave before its usage is known, so a stream ends with both figures twice over (documented for
 clients): in the final usage chunk as `usage.kvgate_cost_usd` / `usage.kvgate_overhead_ms` (only sent when
-the client asked for `stream_options.include_usage`), and in an SSE comment line right before `data: [DONE]`:
+the client asked for `stream_options.include_usage`), and in SSE comment lines (`: <header name> <value>`)
+right before `data: [DONE]`:
 
-    : x-kvgate-cost-usd=0.0000123400 x-kvgate-overhead-ms=0.412
+    : x-kvgate-cost-usd 0.0000123400
+    : x-kvgate-overhead-ms 0.412
 
 SSE comment lines are ignored by conforming clients (the OpenAI SDKs included), so the trailer is safe to
 send on every stream.
@@ -53,7 +55,7 @@ def usage_extension(usage: dict[str, Any], cost_usd: float, overhead_seconds: fl
 
 
 def sse_trailer(cost_usd: float, overhead_seconds: float) -> bytes:
-    """The SSE comment a stream sends before `data: [DONE]`, carrying cost and overhead."""
+    """The SSE comment lines a stream sends before `data: [DONE]`, carrying cost and overhead."""
     return (
-        f": {COST_HEADER}={format_usd(cost_usd)} {OVERHEAD_HEADER}={format_ms(overhead_seconds)}\n\n"
+        f": {COST_HEADER} {format_usd(cost_usd)}\n: {OVERHEAD_HEADER} {format_ms(overhead_seconds)}\n\n"
     ).encode()
