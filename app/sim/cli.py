@@ -1,0 +1,94 @@
+"""`kvgate sim`: run one simulated vLLM replica."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.sim.options import SimOptions, SpecConfig
+from app.sim.profiles import PROFILES
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    """Add the sim's flags to `p`."""
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="sim", help="served model name (what clients send as `model`)")
+    p.add_argument("--profile", default="h100-8b", choices=sorted(PROFILES), help="step-time model")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the profile's")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the profile's")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks of 16 tokens; default: the profile's")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the profile's")
+    p.add_argument("--speculative", default=None, metavar="ngram:K:ACCEPT",
+                   help="speculative decoding: K draft tokens, each accepted with probability ACCEPT")  # fmt: skip
+    p.add_argument("--time-scale", type=float, default=1.0, help="run the clock X times faster")
+    p.add_argument("--tokenizer", default=None, metavar="PATH", help="a tokenizer.json (default: built-in scheme)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--no-enable-prompt-tokens-details", dest="enable_prompt_tokens_details",
+                   action="store_false", help="omit usage.prompt_tokens_details (vLLM's default)")  # fmt: skip
+    p.add_argument("--mean-output-tokens", type=int, default=256, help="mean natural length without ignore_eos")
+    p.add_argument("--no-default-system-prompt", dest="default_system_prompt", action="store_false",
+                   help="do not insert SmolLM2's default system turn")  # fmt: skip
+    p.add_argument("--log-level", default="warning")
+
+
+def options_from_args(args: argparse.Namespace) -> SimOptions:
+    """SimOptions from parsed flags (validates them)."""
+    if args.speculative:
+        SpecConfig.parse(args.speculative)
+    opts = SimOptions(
+        model=args.model,
+        profile=args.profile,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_blocks=args.kv_blocks,
+        max_model_len=args.max_model_len,
+        speculative=args.speculative,
+        time_scale=args.time_scale,
+        tokenizer=args.tokenizer,
+        seed=args.seed,
+        scheduling_policy=args.scheduling_policy,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        mean_output_tokens=args.mean_output_tokens,
+        default_system_prompt=args.default_system_prompt,
+    )
+    opts.scheduler_config()
+    return opts
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; returns the exit code."""
+    import uvicorn
+
+    from app.sim.server import create_sim_app
+
+    try:
+        opts = options_from_args(args)
+    except ValueError as e:
+        print(f"kvgate sim: {e}")
+        return 2
+    uvicorn.run(
+        create_sim_app(opts),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_keep_alive=30,
+        backlog=4096,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry: `python -m app.sim.cli ...`."""
+    p = argparse.ArgumentParser(prog="kvgate sim", description=__doc__)
+    configure_parser(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""The engine loop: one scheduled step at a time, each lasting what the profile says (÷ time-scale)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.sim.kv_cache import BlockPool
+from app.sim.metrics import EngineMetrics
+from app.sim.profiles import Profile
+from app.sim.request import SimRequest, Status
+from app.sim.scheduler import Scheduler, SchedulerConfig
+
+OUTPUT_TABLE_LEN = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the engine needs besides the tokenizer."""
+
+    profile: Profile
+    scheduler: SchedulerConfig
+    kv_blocks: int
+    time_scale: float = 1.0
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    mean_output_tokens: int = 256  # natural length (EOS) when ignore_eos is off
+    model_name: str = "sim"
+
+
+class OutputStream:
+    """What one API request (its n sequences) has produced and not yet sent; the handler waits on `event`."""
+
+    __slots__ = ("closed", "done", "event", "n", "pending", "reqs")
+
+    def __init__(self, n: int) -> None:
+        self.event = asyncio.Event()
+        self.closed = False  # the client went away; the handler stops
+        self.pending: list[tuple[int, int, int]] = []  # (choice index, first output index, count)
+        self.done = 0
+        self.n = n
+        self.reqs: list[SimRequest] = []
+
+    def push(self, index: int, req: SimRequest, count: int) -> None:
+        """Called by the engine after a step: `count` new tokens for choice `index`."""
+        self.pending.append((index, req.num_output - count, count))
+        if req.status is Status.FINISHED:
+            self.done += 1
+        self.event.set()
+
+    def drain(self) -> list[tuple[int, int, int]]:
+        """Take what is pending."""
+        items = self.pending
+        self.pending = []
+        self.event.clear()
+        return items
+
+    @property
+    def finished(self) -> bool:
+        """Every choice has finished."""
+        return self.done >= self.n
+
+
+def _push_choice(stream: OutputStream, index: int, req: SimRequest, count: int) -> None:
+    stream.push(index, req, count)
+
+
+class Engine:
+    """Owns the scheduler and block pool; runs steps in an asyncio task; feeds OutputStreams and metrics."""
+
+    def __init__(self, config: EngineConfig, vocab: Sequence[tuple[int, str]], eos_token_id: int) -> None:
+        self.config = config
+        self.pool = BlockPool(config.kv_blocks, enable_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.pool, seed=config.seed)
+        self.metrics = EngineMetrics(config.model_name)
+        self.eos_token_id = eos_token_id
+        rng = random.Random(config.seed)
+        picks = [rng.randrange(len(vocab)) for _ in range(OUTPUT_TABLE_LEN)]
+        # The seeded output stream: token id and text per position, so a token costs two list lookups.
+        self.out_ids = [vocab[p][0] for p in picks]
+        self.out_text = [vocab[p][1] for p in picks]
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._seq = 0
+        self.healthy = True
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the loop task."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="sim-engine")
+
+    async def stop(self) -> None:
+        """Cancel the loop task."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # ------------------------------------------------------------- requests
+    def sequence_plan(
+        self, seed: int | None, prompt: Sequence[int], index: int, ignore_eos: bool
+    ) -> tuple[int, int | None]:
+        """(offset into the output stream, EOS position or None) for one choice: a pure function of seed/prompt."""
+        if seed is None:
+            key = hashlib.blake2b(repr((self.config.seed, tuple(prompt), index)).encode(), digest_size=8).digest()
+        else:
+            key = hashlib.blake2b(repr((seed, index)).encode(), digest_size=8).digest()
+        rng = random.Random(int.from_bytes(key, "little"))
+        offset = rng.randrange(OUTPUT_TABLE_LEN)
+        eos_at = None if ignore_eos else 1 + int(rng.expovariate(1.0 / max(self.config.mean_output_tokens, 1)))
+        return offset, eos_at
+
+    def submit(
+        self,
+        rid: str,
+        prompt: list[int],
+        *,
+        n: int,
+        max_tokens: int,
+        seed: int | None,
+        ignore_eos: bool,
+        salt: str | None,
+        priority: int,
+    ) -> OutputStream:
+        """Queue n sequences for one API request; their tokens arrive on the returned stream."""
+        stream = OutputStream(n)
+        now = time.monotonic()
+        for i in range(n):
+            offset, eos_at = self.sequence_plan(seed, prompt, i, ignore_eos)
+            self._seq += 1
+            req = SimRequest(
+                rid if n == 1 else f"{rid}_{i}",
+                prompt,
+                max_tokens=max_tokens,
+                eos_at=eos_at,
+                salt=salt,
+                priority=priority,
+                arrival=now,
+                seq=self._seq,
+                out_offset=offset,
+                emit=functools.partial(_push_choice, stream, i),
+            )
+            stream.reqs.append(req)
+            self.scheduler.add(req)
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: OutputStream) -> None:
+        """Abort every unfinished sequence of a request (client went away): frees their KV blocks now."""
+        now = time.monotonic()
+        stream.closed = True
+        for req in stream.reqs:
+            if req.status is not Status.FINISHED:
+                self.scheduler.abort(req)
+                self._observe_finished(req, now)
+        stream.event.set()
+
+    def token_at(self, req: SimRequest, k: int) -> int:
+        """The k-th output token id of a sequence."""
+        if k == req.eos_at:
+            return self.eos_token_id
+        return self.out_ids[(req.out_offset + k) % OUTPUT_TABLE_LEN]
+
+    def text_of(self, req: SimRequest, start: int, count: int) -> str:
+        """Detokenized text of output tokens [start, start+count) (EOS renders as nothing)."""
+        table, base, eos = self.out_text, req.out_offset, req.eos_at
+        return "".join(
+            table[(base + k) % OUTPUT_TABLE_LEN] for k in range(start, start + count) if k != eos
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's /reset_prefix_cache: drop cached blocks (refused while blocks are in use)."""
+        return self.pool.reset()
+
+    # ----------------------------------------------------------------- loop
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sched, profile, m = self.scheduler, self.config.profile, self.metrics
+        scale = self.config.time_scale
+        while True:
+            if not sched.has_work():
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            t0 = loop.time()
+            batch = sched.schedule(time.monotonic())
+            if not batch:
+                # Only possible when the head request cannot fit even an empty cache; wait for an abort.
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                continue
+            dt = profile.step_time(sched.step_cost(batch))
+            m.modeled_s += dt
+            end = t0 + dt / scale
+            delay = end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let the HTTP side run even when the model says "instant"
+            late = loop.time() - end
+            if late > 0.001:
+                m.lateness_s += late
+            now = time.monotonic()
+            produced, finished = sched.finish_step(batch, self.token_at, now)
+            self._observe(produced, finished, now)
+            for req, count in produced:
+                if req.emit is not None:
+                    req.emit(req, count)
+
+    def _observe(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], now: float) -> None:
+        m = self.metrics
+        gen = 0
+        for req, count in produced:
+            gen += count
+            if req.num_output == count:
+                m.ttft.observe(req.first_token_ts - req.arrival)
+                m.prompt_tokens += req.num_prompt
+                m.prompt_tokens_cached += max(req.cached_tokens, 0)
+        m.generation_tokens += gen
+        # Every sequence that decoded this step saw the same inter-token gap; one weighted observation.
+        decoding = sum(1 for req, count in produced if req.num_output > count)
+        if decoding and self._last_step_end:
+            m.itl.observe(now - self._last_step_end, decoding)
+        self._last_step_end = now
+        for req in finished:
+            self._observe_finished(req, now)
+
+    _last_step_end = 0.0
+
+    def _observe_finished(self, req: SimRequest, now: float) -> None:
+        m = self.metrics
+        m.success[req.finish_reason or "abort"] = m.success.get(req.finish_reason or "abort", 0) + 1
+        m.e2e.observe(now - req.arrival)
+        if req.scheduled_ts:
+            m.queue.observe(req.scheduled_ts - req.arrival)
+            m.inference.observe(max(req.last_token_ts, req.scheduled_ts) - req.scheduled_ts)
+        if req.first_token_ts:
+            m.prefill.observe(req.first_token_ts - req.scheduled_ts)
+            m.decode.observe(req.last_token_ts - req.first_token_ts)
+            if req.num_output > 1:
+                m.tpot.observe((req.last_token_ts - req.first_token_ts) / (req.num_output - 1))

@@ -1,0 +1,148 @@
+"""vLLM V1's Prometheus metrics (names, types, buckets, labels), rendered without prometheus_client's per-call locks."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Sequence
+
+from app.sim.scheduler import Scheduler
+
+# Bucket edges as vllm/v1/metrics/buckets.py (0.32) defines them.
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)  # fmt: skip
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def _fmt(v: float) -> str:
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v)}.0"
+    return repr(float(v))
+
+
+class Histogram:
+    """A Prometheus histogram: per-bucket counts (non-cumulative until rendered), sum and count."""
+
+    __slots__ = ("bounds", "count", "counts", "doc", "name", "sum")
+
+    def __init__(self, name: str, doc: str, bounds: Sequence[float]) -> None:
+        self.name, self.doc = name, doc
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """Record `value` n times."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+    def render(self, labels: str, out: list[str]) -> None:
+        """Append this histogram's exposition lines."""
+        out.append(f"# HELP {self.name} {self.doc}")
+        out.append(f"# TYPE {self.name} histogram")
+        acc = 0
+        for b, c in zip(self.bounds, self.counts, strict=False):
+            acc += c
+            out.append(f'{self.name}_bucket{{{labels},le="{_fmt(b)}"}} {_fmt(acc)}')
+        out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {_fmt(self.count)}')
+        out.append(f"{self.name}_count{{{labels}}} {_fmt(self.count)}")
+        out.append(f"{self.name}_sum{{{labels}}} {_fmt(self.sum)}")
+
+
+class EngineMetrics:
+    """Token counters and latency histograms the engine feeds; queue and cache gauges are read at scrape time."""
+
+    def __init__(self, model_name: str, engine: int = 0) -> None:
+        self.labels = f'model_name="{model_name}",engine="{engine}"'
+        self.created = time.time()
+        self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.lateness_s = 0.0  # sim-only: how far steps ran past their modeled end (CPU saturation)
+        self.modeled_s = 0.0
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)  # fmt: skip
+        self.itl = Histogram("vllm:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)  # fmt: skip
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)  # fmt: skip
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)  # fmt: skip
+        self.queue = Histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.",
+                               REQUEST_LATENCY_BUCKETS)  # fmt: skip
+        self.inference = Histogram("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.",
+                                   REQUEST_LATENCY_BUCKETS)  # fmt: skip
+        self.prefill = Histogram("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.",
+                                 REQUEST_LATENCY_BUCKETS)  # fmt: skip
+        self.decode = Histogram("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.",
+                                REQUEST_LATENCY_BUCKETS)  # fmt: skip
+
+    def histograms(self) -> tuple[Histogram, ...]:
+        """All histograms in exposition order."""
+        return (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.inference, self.prefill, self.decode)
+
+    def render(self, sched: Scheduler, *, spec_enabled: bool) -> str:
+        """Prometheus text exposition, vLLM's names and types; counters carry `_total` (and `_created`)."""
+        lb = self.labels
+        out: list[str] = []
+        pool = sched.pool
+        c = sched.counters
+
+        def gauge(name: str, doc: str, value: float) -> None:
+            out.append(f"# HELP {name} {doc}")
+            out.append(f"# TYPE {name} gauge")
+            out.append(f"{name}{{{lb}}} {_fmt(value)}")
+
+        def counter(name: str, doc: str, value: float, extra: str = "") -> None:
+            out.append(f"# HELP {name} {doc}")
+            out.append(f"# TYPE {name} counter")
+            labels = lb + extra
+            out.append(f"{name}_total{{{labels}}} {_fmt(value)}")
+            out.append(f"{name}_created{{{labels}}} {_fmt(self.created)}")
+
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", len(sched.running))
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", len(sched.waiting))
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", pool.usage())
+        counter("vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.", c.prefix_queries)  # fmt: skip
+        counter("vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)  # fmt: skip
+        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions)
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
+        counter("vllm:prompt_tokens_cached",
+                "Number of cached prompt tokens (local + external).", self.prompt_tokens_cached)  # fmt: skip
+        counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
+        out.append("# HELP vllm:request_success Count of successfully processed requests.")
+        out.append("# TYPE vllm:request_success counter")
+        for reason, n in self.success.items():
+            out.append(f'vllm:request_success_total{{{lb},finished_reason="{reason}"}} {_fmt(n)}')
+        for reason in self.success:
+            out.append(f'vllm:request_success_created{{{lb},finished_reason="{reason}"}} {_fmt(self.created)}')
+        if spec_enabled:
+            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", c.spec_drafts)
+            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", c.spec_draft_tokens)
+            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", c.spec_accepted)
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+            out.append(f"# HELP {name} Accepted tokens per draft position.")
+            out.append(f"# TYPE {name} counter")
+            for pos, n in enumerate(c.spec_accepted_per_pos):
+                out.append(f'{name}_total{{{lb},position="{pos}"}} {_fmt(n)}')
+        for h in self.histograms():
+            h.render(lb, out)
+        gauge("kvgate_sim_steps", "Sim only: engine steps run.", c.steps)
+        gauge("kvgate_sim_step_lateness_seconds",
+              "Sim only: total time steps ran past their modeled end (host CPU saturation).",
+              self.lateness_s)  # fmt: skip
+        gauge("kvgate_sim_modeled_step_seconds", "Sim only: total modeled step time.", self.modeled_s)
+        return "\n".join(out) + "\n"

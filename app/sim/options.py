@@ -1,0 +1,79 @@
+"""SimOptions: every knob of one simulated vLLM replica, shared by the CLI, the app factory and tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.sim.profiles import Profile, get_profile
+from app.sim.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """Speculative decoding as `--speculative ngram:K:ACCEPT`."""
+
+    method: str
+    num_tokens: int
+    accept: float
+
+    @classmethod
+    def parse(cls, text: str) -> SpecConfig:
+        """Parse `ngram:K:ACCEPT` (K ≥ 1, 0 ≤ ACCEPT ≤ 1)."""
+        parts = text.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"--speculative expects METHOD:K:ACCEPT, got {text!r}")
+        method, k, accept = parts[0], int(parts[1]), float(parts[2])
+        if k < 1 or not 0.0 <= accept <= 1.0:
+            raise ValueError("--speculative needs K >= 1 and 0 <= ACCEPT <= 1")
+        return cls(method, k, accept)
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """One replica's configuration; None means "the profile's default"."""
+
+    model: str = "sim"
+    profile: str = "h100-8b"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_blocks: int | None = None
+    max_model_len: int | None = None
+    speculative: str | None = None  # "ngram:K:ACCEPT"
+    time_scale: float = 1.0
+    tokenizer: str | None = None  # path to a tokenizer.json; None = the built-in stable scheme
+    seed: int = 0
+    scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = True
+    enable_prompt_tokens_details: bool = True  # vLLM's default is off; the gateway's pools run with it on
+    enable_request_id_headers: bool = True
+    mean_output_tokens: int = 256
+    default_system_prompt: bool = True  # SmolLM2's template adds one when the chat has no system turn
+
+    def resolved_profile(self) -> Profile:
+        """The step-time profile."""
+        return get_profile(self.profile)
+
+    def spec(self) -> SpecConfig | None:
+        """Parsed speculative config, if any."""
+        return SpecConfig.parse(self.speculative) if self.speculative else None
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """Scheduler knobs with profile defaults filled in."""
+        p = self.resolved_profile()
+        spec = self.spec()
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("scheduling_policy must be fcfs or priority")
+        if self.time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs or p.default_max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or p.default_max_num_batched_tokens,
+            max_model_len=self.max_model_len or p.default_max_model_len,
+            num_spec_tokens=spec.num_tokens if spec else 0,
+            spec_accept=spec.accept if spec else 0.0,
+            policy=self.scheduling_policy,
+        )
+
+    def num_kv_blocks(self) -> int:
+        """KV blocks with the profile default filled in."""
+        return self.kv_blocks or self.resolved_profile().default_kv_blocks

