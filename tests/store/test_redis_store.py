@@ -1,0 +1,94 @@
+"""RedisStore specifics: replicas share one limit, keys stay in one slot per tenant, a dead Redis fails fast."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from app.store.base import LimitSpec, Release, SpendRecord, StoreUnavailable
+from app.store.redis_store import RedisStore
+from tests.servers import free_port
+from tests.store.redis_fixtures import RedisServer, loose_redis_store, redis_dump
+
+MONTH = "2026-11"
+
+
+async def two_replicas(url: str, prefix: str) -> tuple[RedisStore, RedisStore]:
+    """Two stores with separate connection pools, as two gateway processes would have."""
+    return loose_redis_store(url, prefix), loose_redis_store(url, prefix)
+
+
+@pytest.mark.parametrize(("spec", "tokens", "n", "allowed"), [
+    (LimitSpec(rpm=25), 1, 60, 25),
+    (LimitSpec(tpm=1000), 100, 40, 10),
+    (LimitSpec(rpm=50, tpm=2000, concurrent=8), 10, 40, 8),
+])
+async def test_two_replicas_enforce_one_limit_jointly(
+    redis_url: str, key_prefix: str, spec: LimitSpec, tokens: int, n: int, allowed: int
+) -> None:
+    a, b = await two_replicas(redis_url, key_prefix)
+    try:
+        calls = [
+            (a if i % 2 else b).admit("acme", spec, tokens, uuid.uuid4().hex, MONTH, False) for i in range(n)
+        ]
+        results = await asyncio.gather(*calls)
+    finally:
+        await a.aclose()
+        await b.aclose()
+    assert sum(r.admitted for r in results) == allowed
+
+
+async def test_tpm_reconciled_on_one_replica_frees_tokens_for_the_other(redis_url: str, key_prefix: str) -> None:
+    a, b = await two_replicas(redis_url, key_prefix)
+    try:
+        spec = LimitSpec(tpm=1000)
+        assert (await a.admit("acme", spec, 1000, "l1", MONTH, False)).admitted
+        assert not (await b.admit("acme", spec, 500, "l2", MONTH, False)).admitted
+        await a.settle(Release("acme", None, 1000, 400 - 1000), None)
+        assert (await b.admit("acme", spec, 500, "l3", MONTH, False)).admitted
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_every_key_of_a_tenant_shares_one_hash_tag(redis_url: str, key_prefix: str) -> None:
+    store = loose_redis_store(redis_url, key_prefix)
+    try:
+        spec = LimitSpec(rpm=5, tpm=500, concurrent=3, budget_micros=10**9)
+        await store.admit("acme", spec, 10, "l1", MONTH, False)
+        await store.settle(Release("acme", "l1", 500, 5), SpendRecord("s1", "acme", "2026-11-29", "fast", 7))
+    finally:
+        await store.aclose()
+    keys = [k for k in redis_dump(redis_url, key_prefix) if k.startswith(key_prefix)]
+    tenant_keys = [k for k in keys if "{acme}" in k]
+    assert len(tenant_keys) >= 4  # rpm, tpm, month, day, dedupe marker (the lease was released)
+    assert all(k.startswith(f"{key_prefix}{{acme}}:") for k in tenant_keys)
+
+
+async def test_unreachable_redis_raises_store_unavailable_then_fails_fast() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:", cooldown_s=30)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.admit("acme", LimitSpec(rpm=1), 1, "l", MONTH, False)
+        with pytest.raises(StoreUnavailable, match="cooling off"):
+            await store.ping()
+    finally:
+        await store.aclose()
+
+
+async def test_store_recovers_after_a_redis_restart(own_redis: RedisServer) -> None:
+    store = loose_redis_store(own_redis.url, "r:", cooldown_s=0)
+    try:
+        await store.record_spend([SpendRecord("a", "acme", "2026-11-29", "fast", 5)])
+        own_redis.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.record_spend([SpendRecord("b", "acme", "2026-11-29", "fast", 5)])
+        own_redis.start()
+        # Scripts are gone from the restarted server's cache; the store reloads them.
+        assert (await store.admit("acme", LimitSpec(rpm=1), 1, "l", MONTH, False)).admitted
+        await store.record_spend([SpendRecord("b", "acme", "2026-11-29", "fast", 5)])
+        assert await store.month_spend_micros("acme", MONTH) == 10
+    finally:
+        await store.aclose()
