@@ -1,0 +1,152 @@
+"""From request records to a summary: percentiles, throughput, goodput, cached ratio and dollars."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from app.bench.pricing import CostSummary, cost_summary
+from app.bench.spec import BenchSpec, RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The p-th percentile with linear interpolation between closest ranks (numpy's default); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """p50/p90/p99 and mean of one latency, in milliseconds."""
+
+    count: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+    @classmethod
+    def of_seconds(cls, values: Iterable[float | None]) -> Distribution:
+        """Summarize latencies given in seconds (None entries skipped)."""
+        ms = [v * 1000.0 for v in values if v is not None]
+        mean = sum(ms) / len(ms) if ms else None
+        p50, p90, p99 = (percentile(ms, p) for p in PERCENTILES)
+        return cls(len(ms), mean, p50, p90, p99)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The numbers a bench run reports."""
+
+    requests: int
+    ok: int
+    errors: int
+    error_kinds: dict[str, int]
+    wall_s: float
+    ttft_ms: Distribution
+    itl_ms: Distribution
+    tpot_ms: Distribution
+    e2e_ms: Distribution
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    cached_ratio: float | None
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    goodput_requests_per_s: float | None
+    goodput_ratio: float | None
+    cost: CostSummary
+    usage_missing: int = 0
+
+
+def meets_slo(rec: RequestRecord, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> bool:
+    """A successful request within the TTFT and TPOT SLOs (an unknown TPOT, e.g. one output token, passes)."""
+    if not rec.ok:
+        return False
+    if slo_ttft_ms is not None and (rec.ttft_s is None or rec.ttft_s * 1000.0 > slo_ttft_ms):
+        return False
+    return not (slo_tpot_ms is not None and rec.tpot_s is not None and rec.tpot_s * 1000.0 > slo_tpot_ms)
+
+
+def _error_kind(error: str) -> str:
+    return error.split(":", 1)[0]
+
+
+def summarize(records: Sequence[RequestRecord], wall_s: float, spec: BenchSpec) -> Summary:
+    """Summarize a run's records; throughput is over the wall time from the first send to the last reply."""
+    ok = [r for r in records if r.ok]
+    wall = max(wall_s, 1e-9)
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    output = sum(r.output_tokens for r in ok)
+    goodput: float | None = None
+    goodput_ratio: float | None = None
+    if spec.slo_ttft_ms is not None or spec.slo_tpot_ms is not None:
+        good = sum(1 for r in records if meets_slo(r, spec.slo_ttft_ms, spec.slo_tpot_ms))
+        goodput = good / wall
+        goodput_ratio = good / len(records) if records else None
+    kinds = Counter(_error_kind(r.error) for r in records if not r.ok and r.error)
+    return Summary(
+        requests=len(records),
+        ok=len(ok),
+        errors=len(records) - len(ok),
+        error_kinds=dict(kinds.most_common()),
+        wall_s=wall_s,
+        ttft_ms=Distribution.of_seconds(r.ttft_s for r in ok),
+        itl_ms=Distribution.of_seconds(x for r in ok for x in r.itl_s),
+        tpot_ms=Distribution.of_seconds(r.tpot_s for r in ok),
+        e2e_ms=Distribution.of_seconds(r.e2e_s for r in ok),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        output_tokens=output,
+        cached_ratio=cached / prompt if prompt else None,
+        requests_per_s=len(ok) / wall,
+        output_tokens_per_s=output / wall,
+        total_tokens_per_s=(prompt + output) / wall,
+        goodput_requests_per_s=goodput,
+        goodput_ratio=goodput_ratio,
+        cost=cost_summary(spec.pricing, wall_s, prompt - cached, cached, output),
+        usage_missing=sum(1 for r in ok if not r.usage_reported),
+    )
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """A finished run: the spec as run (model resolved), every request's record, and the summary."""
+
+    spec: BenchSpec
+    records: list[RequestRecord]
+    summary: Summary
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, *, records: bool = True) -> dict[str, Any]:
+        """JSON-ready data (API keys never included)."""
+        out: dict[str, Any] = {"spec": self.spec.public_dict(), "summary": asdict(self.summary)}
+        if self.extra:
+            out["extra"] = self.extra
+        if records:
+            out["records"] = [r.to_dict() for r in self.records]
+        return out
+
+    def to_json(self, *, records: bool = True) -> str:
+        """The result as a JSON document."""
+        return orjson.dumps(self.to_dict(records=records), option=orjson.OPT_INDENT_2).decode()
+
+
+def sweep_json(results: Sequence[BenchResult], *, records: bool = True) -> str:
+    """Several runs (a concurrency sweep) as one JSON document."""
+    doc = {"sweep": [r.to_dict(records=records) for r in results]}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()
