@@ -1,0 +1,194 @@
+"""Tenancy: `Authorization: Bearer <key>` → tenant. Keys are kept only as sha256 hex digests.
+
+Lookups are cached in-process for `cache_ttl_s` (default 5 s), so a key revoked through another
+gateway replica stops working here within that TTL; a revoke through this replica's admin API
+invalidates the cache at once. When the store is unreachable, keys listed in the config still
+resolve (from their hashes kept here) and so do cached keys; other keys get 503 (they cannot be
+verified, and serving them anonymously would bill the wrong tenant).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+from app.config import GatewayConfig, LimitsConfig, ReferencePrice, TenantConfig
+from app.context import Tenant
+from app.errors import GatewayError
+from app.store.base import Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = "anonymous"
+_CACHE_MAX = 10_000
+_MIN_PREFIX = 8
+
+
+def hash_key(key: str) -> str:
+    """sha256 hex of a plaintext key; a configured `sha256:<hex>` entry is taken as already hashed."""
+    if key.startswith("sha256:"):
+        return key[len("sha256:") :]
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of a `Bearer` Authorization header, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def keys_match(presented: str, allowed_hashes: set[str]) -> bool:
+    """Whether a plaintext key hashes to one of `allowed_hashes` (constant-time per comparison)."""
+    digest = hash_key(presented) if not presented.startswith("sha256:") else ""
+    return any(hmac.compare_digest(digest, h) for h in allowed_hashes)
+
+
+def invalid_key(message: str) -> GatewayError:
+    """401 in OpenAI's envelope."""
+    return GatewayError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def store_unavailable(message: str) -> GatewayError:
+    """503 in OpenAI's envelope: shared state is needed and unreachable."""
+    return GatewayError(503, message, type="service_unavailable", code="store_unavailable")
+
+
+def _tenant_from(tc: TenantConfig) -> Tenant:
+    return Tenant(
+        id=tc.id,
+        default_class=tc.default_class,
+        normalize=tc.normalize,
+        normalize_rules=frozenset(tc.normalize_rules) if tc.normalize_rules is not None else None,
+        capture_content=tc.capture_content,
+        shared_cache=tc.shared_cache,
+    )
+
+
+class TenantRegistry:
+    """Config tenants plus the store's key → tenant map, with a short in-process cache."""
+
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        store: Store,
+        *,
+        cache_ttl_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._required = cfg.auth.required
+        self._store = store
+        self._ttl = cache_ttl_s
+        self._clock = clock
+        self._configs = {t.id: t for t in cfg.tenants}
+        self._tenants = {t.id: _tenant_from(t) for t in cfg.tenants}
+        self._anonymous = self._tenants.get(ANONYMOUS, Tenant(ANONYMOUS))
+        # Hashes only: the plaintext of config keys is dropped here.
+        self._config_keys = {hash_key(k): t.id for t in cfg.tenants for k in t.api_keys}
+        self._cache: dict[str, tuple[str | None, float]] = {}
+        self._loaded = False
+
+    async def load(self) -> None:
+        """Write config keys' sha256 into the store (a key revoked via admin stays revoked)."""
+        try:
+            for key_hash, tenant_id in self._config_keys.items():
+                await self._store.put_key(key_hash, tenant_id, unless_revoked=True)
+        except StoreUnavailable:
+            log.warning("store unavailable while loading API keys; will retry on the next lookup")
+            return
+        self._loaded = True
+
+    # -- lookups -------------------------------------------------------------------------------
+    def tenant(self, tenant_id: str) -> Tenant | None:
+        """The configured tenant with this id."""
+        return self._tenants.get(tenant_id)
+
+    def tenant_ids(self) -> list[str]:
+        """Configured tenant ids, sorted."""
+        return sorted(self._tenants)
+
+    def limits_for(self, tenant_id: str) -> LimitsConfig:
+        """The tenant's limits (no limits for an unknown/anonymous tenant without config)."""
+        tc = self._configs.get(tenant_id)
+        return tc.limits if tc is not None else LimitsConfig()
+
+    def reference_price_for(self, tenant_id: str) -> ReferencePrice:
+        """The cloud price the tenant's savings are measured against."""
+        tc = self._configs.get(tenant_id)
+        return tc.reference_price if tc is not None else ReferencePrice()
+
+    async def resolve(self, authorization: str | None) -> Tenant:
+        """The tenant an Authorization header names; 401 (auth required) or anonymous otherwise."""
+        token = bearer_token(authorization)
+        if token is None:
+            if self._required:
+                raise invalid_key(
+                    "You didn't provide an API key. Provide it in an Authorization header (Bearer <key>)."
+                )
+            return self._anonymous
+        tenant_id = await self._lookup(hash_key(token) if not token.startswith("sha256:") else "")
+        tenant = self._tenants.get(tenant_id) if tenant_id is not None else None
+        if tenant is not None:
+            return tenant
+        if self._required:
+            raise invalid_key("Incorrect API key provided.")
+        return self._anonymous
+
+    async def _lookup(self, key_hash: str) -> str | None:
+        if not key_hash:
+            return None
+        now = self._clock()
+        hit = self._cache.get(key_hash)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        try:
+            if not self._loaded:
+                await self.load()
+            tenant_id = await self._store.key_tenant(key_hash)
+        except StoreUnavailable:
+            if hit is not None:
+                return hit[0]  # stale, but the best answer while the store is down
+            if key_hash in self._config_keys:
+                return self._config_keys[key_hash]
+            raise store_unavailable("Shared state is unavailable; the API key cannot be verified.") from None
+        if len(self._cache) >= _CACHE_MAX:
+            self._cache.clear()
+        self._cache[key_hash] = (tenant_id, now + self._ttl)
+        return tenant_id
+
+    # -- key management (admin) -----------------------------------------------------------------
+    async def create_key(self, tenant_id: str) -> tuple[str, str]:
+        """Mint a key for a configured tenant; returns (plaintext, hash). Only the hash is stored."""
+        if tenant_id not in self._tenants:
+            raise KeyError(tenant_id)
+        plaintext = f"sk-kvgate-{secrets.token_urlsafe(32)}"
+        key_hash = hash_key(plaintext)
+        await self._store.put_key(key_hash, tenant_id)
+        self._cache.pop(key_hash, None)
+        return plaintext, key_hash
+
+    async def revoke_key(self, tenant_id: str, hash_prefix: str) -> str:
+        """Revoke the tenant's key whose hash starts with `hash_prefix`; returns the full hash.
+
+        Raises KeyError (no such key) or ValueError (prefix too short or ambiguous).
+        """
+        if len(hash_prefix) < _MIN_PREFIX:
+            raise ValueError(f"give at least {_MIN_PREFIX} hex digits of the key hash")
+        matches = [h for h in await self._store.tenant_keys(tenant_id) if h.startswith(hash_prefix.lower())]
+        if not matches:
+            raise KeyError(hash_prefix)
+        if len(matches) > 1:
+            raise ValueError("prefix matches more than one key; give more digits")
+        key_hash = matches[0]
+        await self._store.revoke_key(tenant_id, key_hash)
+        self._config_keys.pop(key_hash, None)
+        self._cache[key_hash] = (None, self._clock() + self._ttl)
+        return key_hash

@@ -1,0 +1,152 @@
+"""Tenancy: bearer key → tenant via sha256 in the store, OpenAI-shaped 401, anonymous, cache and revocation."""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+import pytest
+
+from app.errors import GatewayError
+from app.store.base import Store
+from app.store.memory import MemoryStore
+from app.store.redis_store import RedisStore
+from app.tenancy import TenantRegistry, bearer_token, hash_key
+from tests.servers import free_port
+from tests.store.helpers import ACME_KEY, BETA_KEY, config
+from tests.store.redis_fixtures import any_store, key_prefix, redis_dump, redis_url
+
+__all__ = ["any_store", "key_prefix", "redis_url"]
+
+
+class Clock:
+    """A hand-driven monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def loaded(store: Store, **cfg: object) -> TenantRegistry:
+    reg = TenantRegistry(config(**cfg), store)  # type: ignore[arg-type]
+    await reg.load()
+    return reg
+
+
+def test_bearer_token_parses_the_scheme_case_insensitively() -> None:
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("bearer  abc ") == "abc"
+    assert bearer_token("Basic abc") is None
+    assert bearer_token("Bearer ") is None
+    assert bearer_token(None) is None
+
+
+async def test_plaintext_and_sha256_config_keys_resolve_to_their_tenants(any_store: Store) -> None:
+    reg = await loaded(any_store)
+    assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+    beta = await reg.resolve(f"Bearer {BETA_KEY}")
+    assert beta.id == "beta"
+    assert (await reg.resolve(f"Bearer {ACME_KEY}")).default_class == "interactive"
+
+
+@pytest.mark.parametrize("header", [None, "Bearer sk-nope", "Token sk-acme-dev"])
+async def test_missing_or_unknown_key_is_401_in_openai_shape_when_required(
+    any_store: Store, header: str | None
+) -> None:
+    reg = await loaded(any_store)
+    with pytest.raises(GatewayError) as err:
+        await reg.resolve(header)
+    assert err.value.status == 401
+    body = orjson.loads(err.value.body())["error"]
+    assert (body["type"], body["code"]) == ("invalid_request_error", "invalid_api_key")
+    assert set(body) == {"message", "type", "param", "code"}
+
+
+async def test_the_stored_hash_itself_is_not_a_key(any_store: Store) -> None:
+    reg = await loaded(any_store)
+    with pytest.raises(GatewayError):
+        await reg.resolve(f"Bearer sha256:{hash_key(ACME_KEY)}")
+    with pytest.raises(GatewayError):
+        await reg.resolve(f"Bearer {hash_key(ACME_KEY)}")
+
+
+@pytest.mark.parametrize("header", [None, "Bearer sk-unknown"])
+async def test_without_required_auth_unknown_callers_are_anonymous(any_store: Store, header: str | None) -> None:
+    reg = await loaded(any_store, required=False)
+    assert (await reg.resolve(header)).id == "anonymous"
+    assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+
+
+async def test_plaintext_config_keys_never_reach_the_redis_store(redis_url: str, key_prefix: str) -> None:
+    store = RedisStore(redis_url, key_prefix, socket_timeout_s=2)
+    try:
+        await loaded(store)
+    finally:
+        await store.aclose()
+    dump = "\n".join(redis_dump(redis_url, key_prefix))
+    assert hashlib.sha256(ACME_KEY.encode()).hexdigest() in dump
+    assert ACME_KEY not in dump and BETA_KEY not in dump
+
+
+async def test_a_revoke_elsewhere_takes_effect_here_within_the_cache_ttl(any_store: Store) -> None:
+    clock = Clock()
+    here = TenantRegistry(config(), any_store, cache_ttl_s=5, clock=clock)
+    there = TenantRegistry(config(), any_store)
+    await here.load()
+    assert (await here.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+    await there.revoke_key("acme", hash_key(ACME_KEY)[:10])
+    assert (await here.resolve(f"Bearer {ACME_KEY}")).id == "acme"  # cached
+    clock.now += 5.1
+    with pytest.raises(GatewayError):
+        await here.resolve(f"Bearer {ACME_KEY}")
+
+
+async def test_a_revoke_on_this_replica_takes_effect_at_once(any_store: Store) -> None:
+    reg = await loaded(any_store)
+    assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+    await reg.revoke_key("acme", hash_key(ACME_KEY)[:8])
+    with pytest.raises(GatewayError):
+        await reg.resolve(f"Bearer {ACME_KEY}")
+    # A restart reloads config keys, but a revoked one stays revoked.
+    again = await loaded(any_store)
+    with pytest.raises(GatewayError):
+        await again.resolve(f"Bearer {ACME_KEY}")
+
+
+async def test_minted_keys_resolve_and_only_their_hash_is_kept(any_store: Store) -> None:
+    reg = await loaded(any_store)
+    plaintext, key_hash = await reg.create_key("beta")
+    assert (await reg.resolve(f"Bearer {plaintext}")).id == "beta"
+    assert key_hash in await any_store.tenant_keys("beta")
+    with pytest.raises(KeyError):
+        await reg.create_key("nobody")
+
+
+async def test_revoke_needs_an_unambiguous_prefix_of_a_held_key(any_store: Store) -> None:
+    reg = await loaded(any_store)
+    with pytest.raises(ValueError):
+        await reg.revoke_key("acme", "abc")
+    with pytest.raises(KeyError):
+        await reg.revoke_key("acme", hash_key(BETA_KEY)[:12])
+
+
+async def test_with_redis_down_config_keys_still_resolve_and_others_get_503() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:")
+    try:
+        reg = await loaded(store)
+        assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+        with pytest.raises(GatewayError) as err:
+            await reg.resolve("Bearer sk-minted-elsewhere")
+        assert err.value.status == 503
+    finally:
+        await store.aclose()
+
+
+def test_limits_and_reference_price_come_from_the_tenant_config() -> None:
+    reg = TenantRegistry(config(acme_limits={"rpm": 5}), MemoryStore())
+    assert reg.limits_for("acme").rpm == 5
+    assert reg.limits_for("anonymous").rpm is None
+    assert reg.reference_price_for("beta").output_per_m == 20.0
+    assert reg.reference_price_for("acme").output_per_m == 15.0
