@@ -100,9 +100,9 @@ def start(cmd: list[str], port: int, core: str) -> Proc:
             return Proc(popen, url)
         except urllib.error.HTTPError:
             return Proc(popen, url)  # answering at all is enough: the pass-through has no /health
-        except OSError:
+        except OSError as err:
             if popen.poll() is not None:
-                raise RuntimeError(f"{cmd} exited: {popen.stderr.read().decode() if popen.stderr else ''}")
+                raise RuntimeError(f"{cmd} exited: {popen.stderr.read().decode() if popen.stderr else ''}") from err
             time.sleep(0.1)
     raise RuntimeError(f"{cmd} did not start")
 
@@ -207,7 +207,7 @@ def print_table(rows: list[tuple[str, str, dict[str, float]]]) -> None:
     """Markdown table with ratios against the pass-through of the same mode."""
     base = {mode: r for name, mode, r in rows if name == "passthrough"}
     direct = {mode: r for name, mode, r in rows if name == "upstream (direct)"}
-    print("| proxy | mode | CPU ms/req | × pass-through CPU | req/s (c=N) | p50 ms (c=1) | added p50 ms | errors |")
+    print("| proxy | mode | CPU ms/req | x pass-through CPU | req/s (c=N) | p50 ms (c=1) | added p50 ms | errors |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, mode, r in rows:
         if name == "upstream (direct)":
