@@ -1,0 +1,63 @@
+"""/metrics text: every listed metric appears under its fixed Prometheus name, labels underscored."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.telemetry import instruments as ins
+from tests.telemetry.helpers import Harness, make_ctx, run_request
+
+
+def _settle_a_mix(h: Harness) -> None:
+    for ctx in (make_ctx(), make_ctx(tenant="globex", pool="bulk", stream=False), make_ctx(status=502,
+                error_type="upstream_error")):  # fmt: skip
+        run_request(h.telemetry, ctx)
+    rejected = make_ctx(tenant="spammer")
+    h.telemetry.request_started(rejected)
+    h.telemetry.record_rejected(rejected, 429, "rpm")
+
+
+def _sample_names(body: bytes) -> set[str]:
+    return {s.name for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+
+
+def test_every_listed_metric_renders_under_its_prometheus_name(harness: Harness) -> None:
+    _settle_a_mix(harness)
+    body, content_type = harness.telemetry.render_prometheus()
+    assert content_type.startswith("text/plain")
+    names = _sample_names(body)
+    for spec in ins.ALL_METRICS:
+        prom = ins.PROMETHEUS_NAMES[spec.name]
+        if spec.buckets is not None:
+            assert {f"{prom}_bucket", f"{prom}_sum", f"{prom}_count"} <= names, prom
+        else:
+            assert prom in names, prom
+
+
+def test_prometheus_names_follow_the_otel_translation_rules() -> None:
+    # Dots to underscores, `s` to `_seconds`, other units appended, `{...}` dropped, `_total` on counters.
+    for spec in ins.ALL_METRICS:
+        base = spec.name.replace(".", "_")
+        unit = {"s": "seconds", "usd": "usd"}.get(spec.unit, "")
+        expected = f"{base}_{unit}" if unit else base
+        if spec.buckets is None:
+            expected += "_total"
+        assert ins.PROMETHEUS_NAMES[spec.name] == expected
+
+
+def test_attribute_dots_render_as_underscored_labels(harness: Harness) -> None:
+    _settle_a_mix(harness)
+    text = harness.telemetry.render_prometheus()[0].decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("gen_ai_client_token_usage_count{"))
+    for label in ("gen_ai_token_type", "gen_ai_operation_name", "gen_ai_request_model", "kvgate_pool"):
+        assert re.search(rf'\b{label}="', line), label
+
+
+def test_rendering_twice_does_not_duplicate_samples(harness: Harness) -> None:
+    _settle_a_mix(harness)
+    harness.telemetry.render_prometheus()
+    text = harness.telemetry.render_prometheus()[0].decode()
+    series = [ln.rsplit(" ", 1)[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(series) == len(set(series))
