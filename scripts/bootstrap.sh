@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates the project venv (.venv) with kvgate and its dev tools; installs Debian's prometheus for the dashboard
+# test when running as root. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+stamp=.venv/.kvgate-installed
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+# Reinstall when pyproject.toml changed since the last install.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install --quiet --upgrade pip </dev/null
+  .venv/bin/pip install --quiet -e '.[dev]' </dev/null
+  touch "$stamp"
+fi
+if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "bootstrap: installing Debian's prometheus (used by the dashboard query test)" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
+    </dev/null >/dev/null 2>&1 || echo "bootstrap: prometheus install failed; its test will say so" >&2
+fi
