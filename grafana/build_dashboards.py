@@ -1,0 +1,758 @@
+"""Write kvgate's Grafana dashboards (grafana/dashboards/*.json) from the panel lists below.
+
+The JSON is generated so that layout, datasource references and template-variable filters stay uniform
+across ~40 panels; tests/deploy/ checks the committed JSON is this script's output and evaluates every
+query against a real Prometheus.   Run:  python grafana/build_dashboards.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DATASOURCE = {"type": "prometheus", "uid": "kvgate-prometheus"}
+OUT_DIR = Path(__file__).resolve().parent / "dashboards"
+SCHEMA_VERSION = 39
+
+# Label selectors shared by the queries. The gateway's own counters label tenant/pool; the GenAI
+# histograms carry them as kvgate_tenant/kvgate_pool/kvgate_class; vLLM series get `pool` from the
+# Prometheus scrape config (config/prometheus.yml).
+T = 'tenant=~"$tenant"'
+P = 'pool=~"$pool"'
+TP = f"{T}, {P}"
+GENAI = 'kvgate_tenant=~"$tenant", kvgate_pool=~"$pool"'
+RI = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One PromQL query of a panel and its legend."""
+
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A panel: its kind, queries, unit and width (24 = full row)."""
+
+    title: str
+    kind: str  # timeseries | stat | bargauge
+    targets: tuple[Target, ...]
+    unit: str = "short"
+    width: int = 12
+    height: int = 8
+    description: str = ""
+    stack: bool = False
+    decimals: int | None = None
+    overrides: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    """A titled row of panels, laid out left to right and wrapped at 24 columns."""
+
+    title: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A query template variable (multi-select, All = `.*`)."""
+
+    name: str
+    label: str
+    query: str
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """A whole dashboard."""
+
+    uid: str
+    title: str
+    description: str
+    tags: tuple[str, ...]
+    variables: tuple[Variable, ...]
+    rows: tuple[Row, ...]
+    links: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+
+def q(level: float, metric: str, selector: str, by: str) -> str:
+    """histogram_quantile over a `_bucket` series, grouped by `by` (plus le)."""
+    return f"histogram_quantile({level}, sum by (le, {by}) (rate({metric}{{{selector}}}[{RI}])))"
+
+
+def ratio(num: str, den: str, by: str) -> str:
+    """sum by (by) of rate(num) / the same of rate(den)."""
+    return f"sum by ({by}) (rate({num}[{RI}])) / sum by ({by}) (rate({den}[{RI}]))"
+
+
+def _target_json(t: Target, ref: str, instant: bool) -> dict[str, Any]:
+    return {
+        "datasource": DATASOURCE,
+        "refId": ref,
+        "expr": t.expr,
+        "legendFormat": t.legend or "__auto",
+        "range": not instant,
+        "instant": instant,
+        "editorMode": "code",
+    }
+
+
+def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    instant = p.kind in ("stat", "bargauge")
+    defaults: dict[str, Any] = {"unit": p.unit, "color": {"mode": "palette-classic"}}
+    if p.decimals is not None:
+        defaults["decimals"] = p.decimals
+    options: dict[str, Any]
+    if p.kind == "timeseries":
+        defaults["custom"] = {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 20 if p.stack else 0,
+            "showPoints": "never",
+            "spanNulls": True,
+            "stacking": {"mode": "normal" if p.stack else "none", "group": "A"},
+        }
+        options = {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["mean", "max", "lastNotNull"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    elif p.kind == "stat":
+        defaults["color"] = {"mode": "thresholds"}
+        defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "green", "value": None}]}
+        options = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "none",
+            "textMode": "auto",
+            "justifyMode": "auto",
+            "orientation": "auto",
+        }
+    elif p.kind == "bargauge":
+        defaults["color"] = {"mode": "continuous-GrYlRd"}
+        defaults["min"] = 0
+        options = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "showUnfilled": True,
+            "valueMode": "color",
+            "namePlacement": "auto",
+            "sizing": "auto",
+        }
+    else:
+        raise ValueError(f"unknown panel kind {p.kind!r}")
+    return {
+        "id": pid,
+        "type": p.kind,
+        "title": p.title,
+        "description": p.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": list(p.overrides)},
+        "options": options,
+        "targets": [_target_json(t, chr(ord("A") + i), instant) for i, t in enumerate(p.targets)],
+    }
+
+
+def _variable_json(v: Variable) -> dict[str, Any]:
+    return {
+        "name": v.name,
+        "label": v.label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": v.query,
+        "query": {"query": v.query, "refId": f"{v.name}-variable"},
+        "refresh": 2,  # on time-range change: new tenants appear without a reload
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "sort": 1,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "hide": 0,
+        "regex": "",
+        "skipUrlSync": False,
+    }
+
+
+def render(d: Dashboard) -> dict[str, Any]:
+    """The dashboard as Grafana JSON (schemaVersion 39)."""
+    panels: list[dict[str, Any]] = []
+    pid, y = 1, 0
+    for row in d.rows:
+        panels.append(
+            {
+                "id": pid,
+                "type": "row",
+                "title": row.title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
+        pid, y, x, line_h = pid + 1, y + 1, 0, 0
+        for p in row.panels:
+            if x + p.width > 24:
+                x, y, line_h = 0, y + line_h, 0
+            panels.append(_panel_json(p, pid, x, y))
+            pid, x, line_h = pid + 1, x + p.width, max(line_h, p.height)
+        y += line_h
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "description": d.description,
+        "tags": list(d.tags),
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "links": list(d.links),
+        "templating": {"list": [_variable_json(v) for v in d.variables]},
+        "panels": panels,
+    }
+
+
+_SPILL = 'reason=~"spill.*|borrow.*"'
+
+COST = Dashboard(
+    uid="kvgate-cost",
+    title="kvgate — cost and routing",
+    description="Per-tenant cost, savings against the cloud reference, idle GPU money, cache and routing.",
+    tags=("kvgate", "cost"),
+    links=({"title": "vLLM engines", "type": "link", "url": "/d/kvgate-vllm", "icon": "dashboard"},),
+    variables=(
+        Variable("tenant", "Tenant", "label_values(gateway_tenant_cost_usd_total, tenant)"),
+        Variable("pool", "Pool", "label_values(gateway_pool_gpu_cost_usd_total, pool)"),
+    ),
+    rows=(
+        Row(
+            "Spend",
+            (
+                Panel(
+                    "Spend in range",
+                    "stat",
+                    (Target(f"sum(increase(gateway_tenant_cost_usd_total{{{TP}}}[$__range]))"),),
+                    unit="currencyUSD",
+                    width=6,
+                    height=4,
+                    decimals=2,
+                    description="USD charged to the selected tenants at their pool's prices over the time range.",
+                ),
+                Panel(
+                    "Saved vs cloud reference",
+                    "stat",
+                    (Target(f"sum(increase(gateway_tenant_savings_usd_total{{{TP}}}[$__range]))"),),
+                    unit="currencyUSD",
+                    width=6,
+                    height=4,
+                    decimals=2,
+                    description="What the same tokens would have cost at each tenant's reference (cloud API) "
+                    "price, minus what they were charged.",
+                ),
+                Panel(
+                    "Idle GPU cost in range",
+                    "stat",
+                    (Target(f"sum(increase(gateway_pool_idle_cost_usd_total{{{P}}}[$__range]))"),),
+                    unit="currencyUSD",
+                    width=6,
+                    height=4,
+                    decimals=2,
+                    description="GPU money not covered by tenant charges: capacity paid for and not used.",
+                ),
+                Panel(
+                    "GPU cost recovered",
+                    "stat",
+                    (
+                        Target(
+                            f"sum(increase(gateway_tenant_cost_usd_total{{{P}}}[$__range])) / "
+                            f"sum(increase(gateway_pool_gpu_cost_usd_total{{{P}}}[$__range]))"
+                        ),
+                    ),
+                    unit="percentunit",
+                    width=6,
+                    height=4,
+                    decimals=1,
+                    description="Charged to tenants ÷ what the pools' GPUs cost over the range "
+                    "(all tenants of the selected pools).",
+                ),
+                Panel(
+                    "Cost rate by tenant",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (tenant) (rate(gateway_tenant_cost_usd_total{{{TP}}}[{RI}])) * 3600", "{{tenant}}"
+                        ),
+                    ),
+                    unit="currencyUSD",
+                    stack=True,
+                    description="USD per hour charged, by tenant (stacked).",
+                ),
+                Panel(
+                    "Spend by tenant",
+                    "bargauge",
+                    (
+                        Target(
+                            f"sort_desc(sum by (tenant) (increase(gateway_tenant_cost_usd_total{{{TP}}}[$__range])))",
+                            "{{tenant}}",
+                        ),
+                    ),
+                    unit="currencyUSD",
+                    decimals=2,
+                    description="USD charged over the time range, by tenant.",
+                ),
+                Panel(
+                    "Savings rate by tenant",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (tenant) (rate(gateway_tenant_savings_usd_total{{{TP}}}[{RI}])) * 3600",
+                            "{{tenant}}",
+                        ),
+                    ),
+                    unit="currencyUSD",
+                    stack=True,
+                    description="USD per hour saved against each tenant's reference price.",
+                ),
+                Panel(
+                    "Saved by tenant",
+                    "bargauge",
+                    (
+                        Target(
+                            f"sort_desc(sum by (tenant) (increase(gateway_tenant_savings_usd_total{{{TP}}}"
+                            f"[$__range])))",
+                            "{{tenant}}",
+                        ),
+                    ),
+                    unit="currencyUSD",
+                    decimals=2,
+                    description="USD saved over the time range against the reference price, by tenant.",
+                ),
+                Panel(
+                    "GPU cost and idle cost by pool",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool) (rate(gateway_pool_gpu_cost_usd_total{{{P}}}[{RI}])) * 3600", "{{pool}} GPU"
+                        ),
+                        Target(
+                            f"sum by (pool) (rate(gateway_pool_idle_cost_usd_total{{{P}}}[{RI}])) * 3600",
+                            "{{pool}} idle",
+                        ),
+                    ),
+                    unit="currencyUSD",
+                    width=24,
+                    description="USD per hour each pool's GPUs cost, and the part of it no tenant was "
+                    "charged for (idle).",
+                ),
+            ),
+        ),
+        Row(
+            "Tokens and prefix cache",
+            (
+                Panel(
+                    "Tokens by type",
+                    "timeseries",
+                    (Target(f"sum by (type) (rate(gateway_tenant_tokens_total{{{TP}}}[{RI}]))", "{{type}}"),),
+                    unit="short",
+                    stack=True,
+                    width=8,
+                    description="Tokens per second: uncached input, cached input (prefix-cache hits, "
+                    "charged at the cached price) and output.",
+                ),
+                Panel(
+                    "Cached share of input by tenant",
+                    "timeseries",
+                    (
+                        Target(
+                            f'sum by (tenant) (rate(gateway_tenant_tokens_total{{{TP}, type="cached"}}[{RI}])) / '
+                            f'sum by (tenant) (rate(gateway_tenant_tokens_total{{{TP}, type=~"cached|uncached"}}'
+                            f"[{RI}]))",
+                            "{{tenant}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                    width=8,
+                    description="Gateway view: cached ÷ all input tokens, from vLLM's usage "
+                    "(prompt_tokens_details.cached_tokens). Prompt normalization raises it.",
+                ),
+                Panel(
+                    "Prefix-cache hit ratio by pool (vLLM)",
+                    "timeseries",
+                    (
+                        Target(
+                            ratio(
+                                f"vllm:prefix_cache_hits_total{{{P}}}",
+                                f"vllm:prefix_cache_queries_total{{{P}}}",
+                                "pool",
+                            ),
+                            "{{pool}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                    width=8,
+                    description="Engine view: prefix-cache hit tokens ÷ queried tokens, per pool.",
+                ),
+                Panel(
+                    "Speculative decoding acceptance rate",
+                    "timeseries",
+                    (
+                        Target(
+                            ratio(
+                                f"vllm:spec_decode_num_accepted_tokens_total{{{P}}}",
+                                f"vllm:spec_decode_num_draft_tokens_total{{{P}}}",
+                                "pool",
+                            ),
+                            "{{pool}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                    description="Accepted ÷ proposed draft tokens on pools that speculate (the fast pool).",
+                ),
+                Panel(
+                    "Mean acceptance length",
+                    "timeseries",
+                    (
+                        Target(
+                            "1 + "
+                            + ratio(
+                                f"vllm:spec_decode_num_accepted_tokens_total{{{P}}}",
+                                f"vllm:spec_decode_num_drafts_total{{{P}}}",
+                                "pool",
+                            ),
+                            "{{pool}}",
+                        ),
+                    ),
+                    unit="short",
+                    description="Tokens produced per target-model step with speculation (1 = no gain).",
+                ),
+            ),
+        ),
+        Row(
+            "Latency",
+            (
+                Panel(
+                    "Time to first token by class and pool",
+                    "timeseries",
+                    (
+                        Target(
+                            q(
+                                0.5,
+                                "gen_ai_server_time_to_first_token_seconds_bucket",
+                                GENAI,
+                                "kvgate_class, kvgate_pool",
+                            ),
+                            "p50 {{kvgate_class}} → {{kvgate_pool}}",
+                        ),
+                        Target(
+                            q(
+                                0.99,
+                                "gen_ai_server_time_to_first_token_seconds_bucket",
+                                GENAI,
+                                "kvgate_class, kvgate_pool",
+                            ),
+                            "p99 {{kvgate_class}} → {{kvgate_pool}}",
+                        ),
+                    ),
+                    unit="s",
+                    description="TTFT seen by the gateway (streaming requests), p50 and p99, by latency "
+                    "class and the pool that served it.",
+                ),
+                Panel(
+                    "Time per output token by class and pool",
+                    "timeseries",
+                    (
+                        Target(
+                            q(
+                                0.5,
+                                "gen_ai_server_time_per_output_token_seconds_bucket",
+                                GENAI,
+                                "kvgate_class, kvgate_pool",
+                            ),
+                            "p50 {{kvgate_class}} → {{kvgate_pool}}",
+                        ),
+                        Target(
+                            q(
+                                0.99,
+                                "gen_ai_server_time_per_output_token_seconds_bucket",
+                                GENAI,
+                                "kvgate_class, kvgate_pool",
+                            ),
+                            "p99 {{kvgate_class}} → {{kvgate_pool}}",
+                        ),
+                    ),
+                    unit="s",
+                    description="TPOT after the first token, p50 and p99. Speculative decoding lowers it "
+                    "on the fast pool.",
+                ),
+                Panel(
+                    "Upstream call duration by pool",
+                    "timeseries",
+                    (
+                        Target(
+                            q(0.5, "gen_ai_client_operation_duration_seconds_bucket", GENAI, "kvgate_pool"),
+                            "p50 {{kvgate_pool}}",
+                        ),
+                        Target(
+                            q(0.99, "gen_ai_client_operation_duration_seconds_bucket", GENAI, "kvgate_pool"),
+                            "p99 {{kvgate_pool}}",
+                        ),
+                    ),
+                    unit="s",
+                    description="Whole upstream call (gen_ai.client.operation.duration), p50 and p99.",
+                ),
+                Panel(
+                    "Gateway overhead",
+                    "timeseries",
+                    (
+                        Target(q(0.5, "gateway_overhead_seconds_bucket", P, "pool"), "p50 {{pool}}"),
+                        Target(q(0.99, "gateway_overhead_seconds_bucket", P, "pool"), "p99 {{pool}}"),
+                    ),
+                    unit="s",
+                    description="Time the gateway itself adds per request (parse, limits, normalize, route, "
+                    "settle), excluding the upstream.",
+                ),
+            ),
+        ),
+        Row(
+            "Routing and limits",
+            (
+                Panel(
+                    "Route decisions",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool, class, reason) (rate(gateway_route_decisions_total{{{P}}}[{RI}]))",
+                            "{{class}} → {{pool}} ({{reason}})",
+                        ),
+                    ),
+                    unit="reqps",
+                    stack=True,
+                    description="Where requests went and why (class default, header, prefix affinity, "
+                    "spill, borrow …).",
+                ),
+                Panel(
+                    "Spill-overs and borrows",
+                    "timeseries",
+                    (
+                        # The `or … * 0` arm draws a zero line per pool instead of "No data" when
+                        # nothing spilled; it still needs the decision counter to exist.
+                        Target(
+                            f"sum by (pool, reason) (rate(gateway_route_decisions_total{{{P}, {_SPILL}}}[{RI}])) "
+                            f"or sum by (pool) (rate(gateway_route_decisions_total{{{P}}}[{RI}])) * 0",
+                            "{{pool}} {{reason}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    description="Requests sent outside their class's pool: interactive spilled to bulk "
+                    "when fast is saturated or down, bulk borrowing an idle fast pool.",
+                ),
+                Panel(
+                    "Requests by status",
+                    "timeseries",
+                    (Target(f"sum by (status) (rate(gateway_requests_total{{{TP}}}[{RI}]))", "{{status}}"),),
+                    unit="reqps",
+                    stack=True,
+                    width=8,
+                    description="Requests per second by HTTP status.",
+                ),
+                Panel(
+                    "429s by tenant",
+                    "timeseries",
+                    (
+                        Target(
+                            f'sum by (tenant, limit) (rate(gateway_rate_limited_total{{{T}, action="reject"}}[{RI}]))',
+                            "{{tenant}} {{limit}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    width=8,
+                    description="Requests rejected with 429, by tenant and the limit hit (rpm, tpm, "
+                    "concurrency, budget).",
+                ),
+                Panel(
+                    "Volatile spans moved by rule",
+                    "timeseries",
+                    (Target(f"sum by (rule) (rate(gateway_normalize_moved_spans_total{{{T}}}[{RI}]))", "{{rule}}"),),
+                    unit="short",
+                    width=8,
+                    description="Prompt normalization: volatile spans (timestamps, ids …) moved out of the "
+                    "cacheable prefix, per second, by rule.",
+                ),
+            ),
+        ),
+    ),
+)
+
+VP = 'pool=~"$pool"'
+
+VLLM = Dashboard(
+    uid="kvgate-vllm",
+    title="kvgate — vLLM engines",
+    description="The two vLLM pools as the engines report them (pool label from the Prometheus scrape config).",
+    tags=("kvgate", "vllm"),
+    links=({"title": "Cost and routing", "type": "link", "url": "/d/kvgate-cost", "icon": "dashboard"},),
+    variables=(Variable("pool", "Pool", "label_values(vllm:num_requests_running, pool)"),),
+    rows=(
+        Row(
+            "Load",
+            (
+                Panel(
+                    "Requests running",
+                    "timeseries",
+                    (Target(f"sum by (pool) (vllm:num_requests_running{{{VP}}})", "{{pool}}"),),
+                    width=8,
+                    description="Requests in the engine's running batch.",
+                ),
+                Panel(
+                    "Requests waiting",
+                    "timeseries",
+                    (Target(f"sum by (pool) (vllm:num_requests_waiting{{{VP}}})", "{{pool}}"),),
+                    width=8,
+                    description="Requests queued in the engine (not yet scheduled).",
+                ),
+                Panel(
+                    "KV cache usage",
+                    "timeseries",
+                    (Target(f"max by (pool) (vllm:kv_cache_usage_perc{{{VP}}})", "{{pool}}"),),
+                    unit="percentunit",
+                    width=8,
+                    description="Fraction of KV-cache blocks in use.",
+                ),
+                Panel(
+                    "Engines up",
+                    "stat",
+                    (Target(f'up{{job="vllm", {VP}}}', "{{pool}} {{instance}}"),),
+                    unit="none",
+                    width=24,
+                    height=4,
+                    description="1 when Prometheus' last scrape of the engine succeeded.",
+                ),
+            ),
+        ),
+        Row(
+            "Cache and speculation",
+            (
+                Panel(
+                    "Prefix-cache hit ratio",
+                    "timeseries",
+                    (
+                        Target(
+                            ratio(
+                                f"vllm:prefix_cache_hits_total{{{VP}}}",
+                                f"vllm:prefix_cache_queries_total{{{VP}}}",
+                                "pool",
+                            ),
+                            "{{pool}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                    width=8,
+                    description="Hit tokens ÷ queried tokens.",
+                ),
+                Panel(
+                    "Speculative acceptance rate",
+                    "timeseries",
+                    (
+                        Target(
+                            ratio(
+                                f"vllm:spec_decode_num_accepted_tokens_total{{{VP}}}",
+                                f"vllm:spec_decode_num_draft_tokens_total{{{VP}}}",
+                                "pool",
+                            ),
+                            "{{pool}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                    width=8,
+                    description="Accepted ÷ proposed draft tokens.",
+                ),
+                Panel(
+                    "Draft tokens per second",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool) (rate(vllm:spec_decode_num_draft_tokens_total{{{VP}}}[{RI}]))",
+                            "{{pool}} proposed",
+                        ),
+                        Target(
+                            f"sum by (pool) (rate(vllm:spec_decode_num_accepted_tokens_total{{{VP}}}[{RI}]))",
+                            "{{pool}} accepted",
+                        ),
+                    ),
+                    width=8,
+                    description="Draft tokens proposed and accepted per second.",
+                ),
+            ),
+        ),
+        Row(
+            "Engine latency",
+            (
+                Panel(
+                    "Time to first token",
+                    "timeseries",
+                    (
+                        Target(q(0.5, "vllm:time_to_first_token_seconds_bucket", VP, "pool"), "p50 {{pool}}"),
+                        Target(q(0.99, "vllm:time_to_first_token_seconds_bucket", VP, "pool"), "p99 {{pool}}"),
+                    ),
+                    unit="s",
+                    description="Engine-side TTFT (queue + prefill), p50 and p99.",
+                ),
+                Panel(
+                    "End-to-end request latency",
+                    "timeseries",
+                    (
+                        Target(q(0.5, "vllm:e2e_request_latency_seconds_bucket", VP, "pool"), "p50 {{pool}}"),
+                        Target(q(0.99, "vllm:e2e_request_latency_seconds_bucket", VP, "pool"), "p99 {{pool}}"),
+                    ),
+                    unit="s",
+                    description="Engine-side request latency, p50 and p99.",
+                ),
+            ),
+        ),
+    ),
+)
+
+DASHBOARDS = {"kvgate-cost.json": COST, "kvgate-vllm.json": VLLM}
+
+
+def rendered() -> dict[str, str]:
+    """File name → JSON text, exactly as committed."""
+    return {name: json.dumps(render(d), indent=2, ensure_ascii=False) + "\n" for name, d in DASHBOARDS.items()}
+
+
+def main() -> int:
+    """Write every dashboard into grafana/dashboards/."""
+    OUT_DIR.mkdir(exist_ok=True)
+    for name, text in rendered().items():
+        (OUT_DIR / name).write_text(text)
+        print(f"wrote {OUT_DIR / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""The compose stack agrees with the project: images, healthchecks, hostnames, ports, Prometheus targets,
+Grafana provisioning, and the metric names between the gateway, the collector and the dashboards.
+
+Docker cannot run here, so the files are parsed (PyYAML, with compose's merge and interpolation rules in
+tests/deploy/files.py) and checked against the gateway's own config loader and instrument table.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import Histogram, InMemoryMetricReader, Sum
+
+from app.config import GatewayConfig, parse_config
+from app.telemetry import instruments as inst
+from tests.deploy.files import (
+    COMPOSE,
+    COMPOSE_CPU,
+    DASHBOARDS,
+    ENV_EXAMPLE,
+    ROOT,
+    dashboard_targets,
+    effective_compose,
+    flag,
+    host_port,
+    interpolate,
+    metric_names,
+    prometheus_name,
+    read_env_file,
+    variables,
+)
+
+GPU = effective_compose(COMPOSE)
+CPU = effective_compose(COMPOSE, COMPOSE_CPU)
+STACKS = {"gpu": GPU, "cpu": CPU}
+PROMETHEUS = yaml.safe_load((ROOT / "config" / "prometheus.yml").read_text())
+COLLECTOR = yaml.safe_load((ROOT / "config" / "otel-collector.yaml").read_text())
+# The vLLM metric families the dashboards may use (shared/reference/vllm.md, V1 names).
+VLLM_METRICS = {
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total", "vllm:num_preemptions_total", "vllm:request_success_total",
+    "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    *(
+        f"vllm:{h}_{s}"
+        for h in (
+            "time_to_first_token_seconds", "inter_token_latency_seconds",
+            "request_time_per_output_token_seconds", "e2e_request_latency_seconds",
+            "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+        )
+        for s in ("bucket", "sum", "count")
+    ),
+}  # fmt: skip
+
+
+def services(stack: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """name → service definition."""
+    return dict(stack["services"])
+
+
+def resolve(stack: dict[str, Any], host: str) -> tuple[str, dict[str, Any]]:
+    """The service a hostname reaches on the compose network (service name or `hostname:`)."""
+    for name, svc in services(stack).items():
+        if host in (name, svc.get("hostname")):
+            return name, svc
+    raise AssertionError(f"no compose service answers to hostname {host!r}")
+
+
+def gateway_config(stack: dict[str, Any]) -> GatewayConfig:
+    """config/gateway.yaml as the gateway container loads it: the mounted file plus its KVGATE_* env."""
+    gw = services(stack)["gateway"]
+    target = flag(gw["command"], "--config")
+    mounts = [v.split(":") for v in gw["volumes"]]
+    source = next(src for src, dst, *_ in mounts if dst == target)
+    raw = yaml.safe_load((ROOT / source).read_text())
+    env = {k: str(v) for k, v in gw.get("environment", {}).items()}
+    return parse_config(raw, env=env)
+
+
+def listen_port(svc: dict[str, Any]) -> int:
+    """The port an engine service listens on inside the network (vLLM's or the sim's --port)."""
+    port = flag(svc["command"], "--port")
+    return int(port) if port else 8000  # vLLM's default
+
+
+def test_compose_variables_are_all_documented_in_env_example() -> None:
+    documented = set(read_env_file(ENV_EXAMPLE))
+    used = variables(COMPOSE.read_text()) | variables(COMPOSE_CPU.read_text())
+    assert used - documented == set(), "compose variables missing from .env.example"
+
+
+def test_compose_runs_with_only_the_required_variables_set() -> None:
+    required = {"KVGATE_SALT_SECRET", "GRAFANA_ADMIN_PASSWORD", "SPECULATIVE_CONFIG"}
+    raw = yaml.safe_load(COMPOSE.read_text())
+    interpolate(raw, dict.fromkeys(required, "x"))
+    for name in required:
+        with pytest.raises(KeyError, match=name):
+            interpolate(raw, dict.fromkeys(required - {name}, "x"))
+
+
+@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
+def test_every_service_has_a_healthcheck(stack: dict[str, Any]) -> None:
+    for name, svc in services(stack).items():
+        hc = svc.get("healthcheck")
+        assert hc and not hc.get("disable"), f"{name}: no healthcheck"
+        test = hc["test"]
+        assert isinstance(test, list) and test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
+
+
+@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
+def test_every_image_is_pinned(stack: dict[str, Any]) -> None:
+    for name, svc in services(stack).items():
+        image = svc.get("image")
+        assert image, f"{name}: no image name (a built service needs one to be pinned)"
+        repo, _, tag = image.rpartition(":")
+        assert repo and "/" not in tag and tag not in ("", "latest"), f"{name}: {image} is not pinned"
+        assert re.search(r"\d", tag), f"{name}: tag {tag!r} names no version"
+
+
+@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
+def test_gateway_replicas_reach_engine_services_on_their_listen_port(stack: dict[str, Any]) -> None:
+    cfg = gateway_config(stack)
+    for pool_name, pool in cfg.pools.items():
+        for url in pool.replicas:
+            host, port = host_port(url, 80)
+            name, svc = resolve(stack, host)
+            assert port == listen_port(svc), f"pool {pool_name}: {url} but {name} listens on {listen_port(svc)}"
+
+
+@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
+def test_engines_serve_the_model_name_the_gateway_asks_for(stack: dict[str, Any]) -> None:
+    cfg = gateway_config(stack)
+    for pool in cfg.pools.values():
+        _, svc = resolve(stack, host_port(pool.replicas[0], 80)[0])
+        served = flag(svc["command"], "--served-model-name") or flag(svc["command"], "--model")
+        assert served == pool.served_model
+    public = {m.name for m in cfg.models}
+    assert {p.served_model for p in cfg.pools.values()} <= public
+
+
+def test_gateway_store_and_otlp_endpoints_are_the_redis_and_collector_services() -> None:
+    cfg = gateway_config(GPU)
+    assert cfg.store.url is not None and cfg.telemetry.otlp_endpoint is not None
+    redis_host, redis_port = host_port(cfg.store.url, 6379)
+    name, redis = resolve(GPU, redis_host)
+    assert name == "redis" and redis_port == int(flag(redis["command"], "--port") or 6379)
+    assert flag(redis["command"], "--appendonly") == "yes", "Redis must persist (AOF)"
+    assert any(v.endswith(":/data") for v in redis["volumes"]), "AOF must live on a volume"
+    otlp_host, otlp_port = host_port(cfg.telemetry.otlp_endpoint, 4318)
+    assert resolve(GPU, otlp_host)[0] == "otel-collector"
+    # The gateway speaks OTLP/HTTP: the port must be the collector's http receiver, bound to all interfaces.
+    http = COLLECTOR["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    assert host_port(http, 4318) == ("0.0.0.0", otlp_port)
+
+
+def test_gateway_listens_where_compose_publishes_and_probes_it() -> None:
+    cfg = gateway_config(GPU)
+    gw = services(GPU)["gateway"]
+    assert cfg.listen.host == "0.0.0.0", "inside a container the gateway must bind every interface"
+    assert any(p.endswith(f":{cfg.listen.port}") for p in gw["ports"])
+    assert f"127.0.0.1:{cfg.listen.port}/health" in " ".join(gw["healthcheck"]["test"])
+
+
+def test_the_two_pools_are_configured_as_the_issue_asks() -> None:
+    svc = services(GPU)
+    fast, bulk = svc["vllm-fast"], svc["vllm-bulk"]
+    assert flag(fast["command"], "--speculative-config"), "fast pool must speculate"
+    assert flag(fast["command"], "--scheduling-policy") == "priority"
+    assert flag(fast["command"], "--enable-prompt-tokens-details") == ""
+    assert flag(bulk["command"], "--enable-prompt-tokens-details") == ""
+    assert flag(bulk["command"], "--speculative-config") is None
+    assert int(flag(bulk["command"], "--max-num-seqs") or 0) > int(flag(fast["command"], "--max-num-seqs") or 0)
+    assert flag(bulk["command"], "--max-num-batched-tokens")
+    cfg = gateway_config(GPU)
+    assert cfg.pools["fast"].priority_scheduling, "the gateway must send priorities the fast engine honours"
+    assert flag(fast["command"], "--model") == flag(bulk["command"], "--model"), "both pools serve one model"
+
+
+def test_engines_share_one_model_cache_and_host_ipc_on_gpus() -> None:
+    svc = services(GPU)
+    caches = []
+    for name in ("vllm-fast", "vllm-bulk"):
+        s = svc[name]
+        assert s["ipc"] == "host", name
+        devices = s["deploy"]["resources"]["reservations"]["devices"]
+        assert devices and all("gpu" in d["capabilities"] and d["driver"] == "nvidia" for d in devices), name
+        caches.append(next(v.split(":")[0] for v in s["volumes"] if "/.cache/huggingface" in v))
+    assert caches[0] == caches[1] and caches[0] in GPU["volumes"], "one named HF cache volume for both"
+
+
+def test_default_gpu_split_fits_one_gpu() -> None:
+    svc = services(GPU)
+    fast, bulk = svc["vllm-fast"], svc["vllm-bulk"]
+
+    def device(s: dict[str, Any]) -> list[str]:
+        return list(s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"])
+
+    shares = [float(flag(s["command"], "--gpu-memory-utilization") or 0.92) for s in (fast, bulk)]
+    if device(fast) == device(bulk):
+        assert sum(shares) <= 0.95, f"two engines on one GPU ask for {shares}"
+
+
+def test_json_speculative_config_in_env_example_is_valid_json() -> None:
+    import json
+
+    spec = json.loads(read_env_file(ENV_EXAMPLE)["SPECULATIVE_CONFIG"])
+    assert spec["method"] and spec["num_speculative_tokens"] >= 1
+
+
+def test_cpu_stack_needs_no_gpu_and_runs_the_emulator() -> None:
+    svc = services(CPU)
+    for name, s in svc.items():
+        assert "deploy" not in s or "devices" not in str(s["deploy"]), f"{name} still reserves a GPU"
+    for name in ("vllm-fast", "vllm-bulk"):
+        assert svc[name]["command"][:2] == ["kvgate", "sim"], name
+        assert svc[name]["image"] == svc["gateway"]["image"], "the emulator ships in the gateway image"
+        assert "depends_on" not in svc[name] or not svc[name]["depends_on"]
+    assert flag(svc["vllm-fast"]["command"], "--speculative") is not None
+    assert flag(svc["vllm-bulk"]["command"], "--speculative") is None
+
+
+def _scrape_targets(job: str) -> list[tuple[str, dict[str, str]]]:
+    jobs = {j["job_name"]: j for j in PROMETHEUS["scrape_configs"]}
+    return [(t, sc.get("labels", {})) for sc in jobs[job]["static_configs"] for t in sc["targets"]]
+
+
+def test_prometheus_scrapes_each_engine_with_its_pool_label() -> None:
+    cfg = gateway_config(GPU)
+    seen = {}
+    for target, labels in _scrape_targets("vllm"):
+        host, port = host_port(target, 80)
+        _, svc = resolve(GPU, host)
+        assert port == listen_port(svc)
+        seen[target] = labels["pool"]
+    expected = {}
+    for pool_name, pool in cfg.pools.items():
+        for url in pool.replicas:
+            host, port = host_port(url, 80)
+            expected[f"{host}:{port}"] = pool_name
+    assert seen == expected
+
+
+def test_prometheus_scrapes_the_collector_exporter_and_the_gateway() -> None:
+    exporter = COLLECTOR["exporters"]["prometheus"]["endpoint"]
+    [(target, _)] = _scrape_targets("otel-collector")
+    assert resolve(GPU, host_port(target, 80)[0])[0] == "otel-collector"
+    assert host_port(target, 80)[1] == host_port(exporter, 80)[1]
+    [(target, _)] = _scrape_targets("gateway")
+    assert resolve(GPU, host_port(target, 80)[0])[0] == "gateway"
+    assert host_port(target, 80)[1] == gateway_config(GPU).listen.port
+
+
+def test_gateway_metrics_are_not_scraped_twice() -> None:
+    # Both the collector and the gateway's /metrics expose them; only the collector copy may be kept.
+    gateway_job = next(j for j in PROMETHEUS["scrape_configs"] if j["job_name"] == "gateway")
+    [drop] = [r for r in gateway_job["metric_relabel_configs"] if r["action"] == "drop"]
+    pattern = re.compile(drop["regex"])
+    for family in inst.PROMETHEUS_NAMES.values():
+        assert pattern.fullmatch(family) and pattern.fullmatch(family + "_bucket"), family
+
+
+def test_collector_metrics_pipeline_is_otlp_to_prometheus_without_resource_labels() -> None:
+    pipeline = COLLECTOR["service"]["pipelines"]["metrics"]
+    assert pipeline["receivers"] == ["otlp"] and "prometheus" in pipeline["exporters"]
+    assert COLLECTOR["exporters"]["prometheus"]["resource_to_telemetry_conversion"]["enabled"] is False
+    for name in ("grpc", "http"):
+        assert COLLECTOR["receivers"]["otlp"]["protocols"][name]["endpoint"].startswith("0.0.0.0:")
+    svc = services(GPU)["otel-collector"]
+    assert any(v.startswith("./config/otel-collector.yaml:") for v in svc["volumes"])
+
+
+def test_grafana_provisioning_paths_exist_and_point_at_prometheus() -> None:
+    graf = services(GPU)["grafana"]
+    mounts = {dst: src for src, dst, *_ in (v.split(":") for v in graf["volumes"])}
+    for dst, src in mounts.items():
+        if src.startswith("./"):
+            assert (ROOT / src).exists(), f"grafana mount {src} → {dst} does not exist"
+    prov = ROOT / mounts["/etc/grafana/provisioning"]
+    [ds_file] = (prov / "datasources").glob("*.yaml")
+    [ds] = yaml.safe_load(ds_file.read_text())["datasources"]
+    host, port = host_port(ds["url"], 80)
+    assert resolve(GPU, host)[0] == "prometheus" and port == 9090
+    [prov_file] = (prov / "dashboards").glob("*.yaml")
+    [provider] = yaml.safe_load(prov_file.read_text())["providers"]
+    dash_dir = provider["options"]["path"]
+    assert dash_dir in mounts and (ROOT / mounts[dash_dir]) == DASHBOARDS[0].parent
+    home = graf["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith(dash_dir) and (DASHBOARDS[0].parent / home.rsplit("/", 1)[1]).exists()
+    for path in DASHBOARDS:
+        uids = {d["uid"] for _, d in _datasources(path)}
+        assert uids == {ds["uid"]}, f"{path.name} uses datasources {uids}"
+
+
+def _datasources(path: Any) -> list[tuple[str, dict[str, Any]]]:
+    import json
+
+    data = json.loads(path.read_text())
+    out = [(v["name"], v["datasource"]) for v in data["templating"]["list"]]
+    for p in data["panels"]:
+        if p["type"] != "row":
+            out.append((p["title"], p["datasource"]))
+            out.extend((p["title"], t["datasource"]) for t in p["targets"])
+    return out
+
+
+def _sdk_metrics() -> dict[str, tuple[str, str]]:
+    """OTel name → (unit, kind) as the gateway's instruments reach an exporter (what OTLP carries)."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("kvgate")
+    instruments = inst.Instruments(meter, idle_cost=lambda _: [], gpu_cost=lambda _: [])
+    attrs = {"tenant": "t", "pool": "p"}
+    for value in vars(instruments).values():
+        if hasattr(value, "add"):
+            value.add(1, attrs)
+        elif hasattr(value, "record"):
+            value.record(1.0, attrs)
+    data = reader.get_metrics_data()
+    assert data is not None
+    out = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = "histogram" if isinstance(m.data, Histogram) else "gauge"
+                if isinstance(m.data, Sum) and m.data.is_monotonic:
+                    kind = "counter"
+                out[m.name] = (m.unit or "", kind)
+    return out
+
+
+def test_collector_names_of_gateway_metrics_are_the_names_the_gateway_states() -> None:
+    sdk = _sdk_metrics()
+    observable = {inst.POOL_IDLE_COST.name, inst.POOL_GPU_COST.name}  # callbacks return nothing here
+    for spec in inst.ALL_METRICS:
+        if spec.name in observable:
+            unit, kind = spec.unit, "counter"  # created with create_observable_counter
+        else:
+            unit, kind = sdk[spec.name]
+        assert prometheus_name(spec.name, unit, kind) == inst.PROMETHEUS_NAMES[spec.name]
+
+
+def _exposed_families() -> set[str]:
+    names = set()
+    for spec in inst.ALL_METRICS:
+        family = inst.PROMETHEUS_NAMES[spec.name]
+        if spec.buckets is not None:
+            names |= {f"{family}_bucket", f"{family}_sum", f"{family}_count"}
+        else:
+            names.add(family)
+    return names
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_dashboard_queries_only_metrics_the_stack_exposes(path: Any) -> None:
+    gateway = _exposed_families()
+    unknown = set()
+    for title, expr in dashboard_targets(path):
+        for name in metric_names(expr):
+            known = VLLM_METRICS if name.startswith("vllm:") else gateway | {"up"}
+            if name not in known:
+                unknown.add(f"{title}: {name}")
+    assert unknown == set()
+    assert any(metric_names(e) for _, e in dashboard_targets(path))
+
+
+def test_metric_name_extraction_ignores_labels_functions_and_keywords() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, pool) (rate(a_b_bucket{pool=~"x|y", le!="1"}[$__rate_interval]))) '
+        "/ on (pool) group_left sum without (tenant) (vllm:c_total offset 5m) or vector(0) * 1 + d"
+    )
+    assert metric_names(expr) == {"a_b_bucket", "vllm:c_total", "d"}
+
+
+def test_prometheus_name_translation_matches_the_collector_rules() -> None:
+    assert prometheus_name("gateway.tenant.cost", "usd", "counter") == "gateway_tenant_cost_usd_total"
+    assert prometheus_name("gateway.tenant.cost", "USD", "counter") == "gateway_tenant_cost_USD_total"
+    assert prometheus_name("gen_ai.client.token.usage", "{token}", "histogram") == "gen_ai_client_token_usage"
+    assert prometheus_name("http.server.duration", "s", "histogram") == "http_server_duration_seconds"
+    assert prometheus_name("queue.latency.seconds", "s", "histogram") == "queue_latency_seconds"
+    assert prometheus_name("net.io", "By/s", "gauge") == "net_io_bytes_per_second"

@@ -1,0 +1,93 @@
+"""The Grafana dashboards: generated from grafana/build_dashboards.py, schema 39, tenant/pool variables,
+a non-overlapping grid, and every query filtered by the variables that apply to it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.deploy.files import DASHBOARDS, ROOT, dashboard_targets, dashboard_variables, metric_names
+
+
+def _builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("build_dashboards", ROOT / "grafana" / "build_dashboards.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load(name: str) -> dict[str, Any]:
+    return dict(json.loads((ROOT / "grafana" / "dashboards" / name).read_text()))
+
+
+def test_committed_dashboards_are_the_generator_output() -> None:
+    rendered = _builder().rendered()
+    assert sorted(rendered) == [p.name for p in DASHBOARDS]
+    for path in DASHBOARDS:
+        assert path.read_text() == rendered[path.name], f"{path.name}: run python grafana/build_dashboards.py"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_dashboard_schema_ids_and_grid(path: Path) -> None:
+    data = json.loads(path.read_text())
+    assert data["schemaVersion"] == 39 and data["uid"] and data["title"]
+    ids = [p["id"] for p in data["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for p in data["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, f"{p['title']} overlaps another panel"
+        cells |= mine
+        if p["type"] != "row":
+            assert p["targets"] and p["description"], p["title"]
+
+
+def test_cost_dashboard_has_tenant_and_pool_variables_from_gateway_metrics() -> None:
+    variables = {v["name"]: v for v in dashboard_variables(ROOT / "grafana" / "dashboards" / "kvgate-cost.json")}
+    assert set(variables) == {"tenant", "pool"}
+    for name, v in variables.items():
+        assert v["query"]["query"].startswith("label_values(gateway_") and v["query"]["query"].endswith(f", {name})")
+        assert v["includeAll"] and v["multi"] and v["allValue"] == ".*"
+
+
+def test_cost_dashboard_rows_cover_the_operator_page() -> None:
+    data = _load("kvgate-cost.json")
+    rows = [p["title"] for p in data["panels"] if p["type"] == "row"]
+    assert rows == ["Spend", "Tokens and prefix cache", "Latency", "Routing and limits"]
+    targets = dashboard_targets(ROOT / "grafana" / "dashboards" / "kvgate-cost.json")
+    queried = set().union(*(metric_names(e) for _, e in targets))
+    must = {
+        "gateway_tenant_cost_usd_total", "gateway_tenant_savings_usd_total", "gateway_pool_idle_cost_usd_total",
+        "gateway_tenant_tokens_total", "vllm:prefix_cache_hits_total", "vllm:spec_decode_num_accepted_tokens_total",
+        "gen_ai_server_time_to_first_token_seconds_bucket", "gen_ai_server_time_per_output_token_seconds_bucket",
+        "gateway_route_decisions_total", "gateway_rate_limited_total", "gateway_overhead_seconds_bucket",
+    }  # fmt: skip
+    assert must <= queried
+
+
+# Metrics without a pool label, and panels that are about whole pools on purpose.
+NO_POOL_LABEL = {"gateway_rate_limited_total", "gateway_normalize_moved_spans_total"}
+TENANT_LABELLED = ("gateway_tenant_", "gateway_rate_limited", "gateway_requests", "gateway_normalize", "gen_ai_")
+POOL_WIDE_PANELS = {"GPU cost recovered"}
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_every_query_honours_the_variables_its_metrics_carry(path: Path) -> None:
+    names = {v["name"] for v in dashboard_variables(path)}
+    for title, expr in dashboard_targets(path):
+        metrics = metric_names(expr)
+        if "pool" in names and metrics - NO_POOL_LABEL:
+            assert "$pool" in expr, f"{title}: ignores $pool"
+        tenant_metrics = any(m.startswith(TENANT_LABELLED) for m in metrics)
+        if "tenant" in names and tenant_metrics and title not in POOL_WIDE_PANELS:
+            assert "$tenant" in expr, f"{title}: ignores $tenant"
