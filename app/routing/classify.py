@@ -1,0 +1,63 @@
+"""The classify stage (pure): is this request interactive or bulk, and which rule said so."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from app.config import RoutingConfig
+from app.context import ClassDecision, RouteClass, Tenant
+from app.errors import bad_request
+
+CLASS_HEADER = "x-kvgate-class"
+_CLASSES: dict[str, RouteClass] = {"interactive": "interactive", "bulk": "bulk"}
+# OpenAI's service_tier: "priority" buys low latency, "flex" trades latency for price. "auto"/"default"
+# say nothing about latency, so they fall through to the next rule.
+_SERVICE_TIERS: dict[str, RouteClass] = {"priority": "interactive", "flex": "bulk"}
+# Nothing said anything: a chat call is someone waiting more often than not.
+DEFAULT_CLASS: RouteClass = "interactive"
+
+
+def _int_field(body: Mapping[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        # bool is an int subclass; a JSON `true` is not a count.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def classify(
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    tenant: Tenant | None,
+    cfg: RoutingConfig,
+    preset: ClassDecision | None = None,
+) -> ClassDecision:
+    """Decide the latency class: preset, header, service_tier, tenant default, request shape, default.
+
+    `headers` keys are lowercase (as ASGI delivers them). An unknown x-kvgate-class value is a client
+    error (400) rather than silently ignored, since the client asked for something explicit.
+    """
+    if preset is not None:
+        return preset
+    raw = headers.get(CLASS_HEADER)
+    if raw is not None:
+        chosen = _CLASSES.get(raw.strip().lower())
+        if chosen is None:
+            raise bad_request(f"{CLASS_HEADER} must be 'interactive' or 'bulk'", param=CLASS_HEADER)
+        return ClassDecision(chosen, "header")
+    tier = body.get("service_tier")
+    if isinstance(tier, str) and tier in _SERVICE_TIERS:
+        return ClassDecision(_SERVICE_TIERS[tier], "service_tier")
+    if tenant is not None and tenant.default_class is not None:
+        return ClassDecision(tenant.default_class, "tenant_default")
+    if body.get("stream") is True:
+        return ClassDecision("interactive", "stream")
+    n = _int_field(body, "n")
+    if n is not None and n > 1:
+        return ClassDecision("bulk", "n")
+    max_tokens = _int_field(body, "max_completion_tokens", "max_tokens")
+    if max_tokens is not None and max_tokens > cfg.bulk_max_tokens_threshold:
+        return ClassDecision("bulk", "max_tokens")
+    return ClassDecision(DEFAULT_CLASS, "default")

@@ -1,0 +1,34 @@
+"""Least load: the replica with the fewest requests on it (gateway in-flight + scraped queue)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from app.routing.hashing import mix64
+from app.routing.policy import Selection
+
+if TYPE_CHECKING:
+    from app.routing.state import ReplicaState
+
+
+class LeastLoad:
+    """Minimum load; ties broken by a per-key hash so idle replicas share the work instead of the first."""
+
+    name = "least_load"
+
+    def select(self, candidates: Sequence[ReplicaState], key: int) -> Selection:
+        """The least-loaded candidate and the second least-loaded as runner-up."""
+        best: tuple[int, int] | None = None
+        second: tuple[int, int] | None = None
+        best_r: ReplicaState | None = None
+        second_r: ReplicaState | None = None
+        for r in candidates:
+            rank = (r.load(), mix64(key ^ r.hash))
+            if best is None or rank < best:
+                second, second_r = best, best_r
+                best, best_r = rank, r
+            elif second is None or rank < second:
+                second, second_r = rank, r
+        assert best_r is not None, "select() needs at least one candidate"
+        return Selection(best_r, second_r, "least_load")

@@ -1,0 +1,78 @@
+"""The pick stage: choose pool (home, spill-over, failover) and replica (the pool's policy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.config import ModelConfig, RoutingConfig
+from app.context import ClassDecision, RouteDecision
+from app.errors import upstream_unavailable
+from app.routing.prefix_key import routing_key
+from app.routing.priority import priority_for
+from app.routing.spill import DEFAULT_TUNING, SpillTuning, decide_spill, home_and_other
+from app.routing.state import ClusterState, PoolState
+
+__all__ = ["RouteDecisionDetail", "pick", "routing_key"]
+
+
+@dataclass(slots=True)
+class RouteDecisionDetail(RouteDecision):
+    """A RouteDecision plus why it left the home pool (for the span; empty when it did not)."""
+
+    detail: str = ""
+
+
+def _out_of_rotation(pool: PoolState, exclude: frozenset[str]) -> str:
+    unhealthy = sum(1 for r in pool.replicas if not r.healthy)
+    broken = sum(1 for r in pool.replicas if r.healthy and not r.breaker.allows())
+    tried = sum(1 for r in pool.replicas if r.url in exclude)
+    return f"{pool.name}: none in rotation ({unhealthy} unhealthy, {broken} breaker open, {tried} tried)"
+
+
+def pick(
+    *,
+    model: ModelConfig,
+    decision: ClassDecision,
+    key: int,
+    cluster: ClusterState,
+    cfg: RoutingConfig,
+    exclude: frozenset[str] = frozenset(),
+    tuning: SpillTuning = DEFAULT_TUNING,
+) -> RouteDecision:
+    """Route one request; `exclude` holds replica URLs already tried (a failover retry).
+
+    Raises GatewayError 503 when no replica that may take the request is in rotation.
+    """
+    route_class = decision.route_class
+    home, other = home_and_other(model, route_class, cluster)
+    may_leave = other is not None and cfg.allow_spill
+    target = home
+    candidates = home.candidates(exclude)
+    reason: str | None = None
+    detail = ""
+    if may_leave and other is not None:
+        if candidates:
+            other_candidates = other.candidates(exclude)
+            if other_candidates:
+                spill = decide_spill(route_class, home, candidates, other, other_candidates, cfg, tuning)
+                if spill is not None:
+                    target, candidates, reason, detail = other, other_candidates, spill.reason, spill.detail
+        else:
+            target, candidates = other, other.candidates(exclude)
+            reason, detail = "failover", _out_of_rotation(home, exclude)
+    if not candidates:
+        raise upstream_unavailable(f"no healthy upstream replica for model {model.name!r}")
+    sel = target.policy.select(candidates, key)
+    if reason is None:
+        reason = "failover" if exclude else sel.reason
+    return RouteDecisionDetail(
+        pool=target.name,
+        replica=sel.chosen.url,
+        policy=target.policy.name,
+        reason=reason,
+        runner_up=sel.runner_up.url if sel.runner_up is not None else None,
+        spilled=target is not home,
+        priority=priority_for(route_class, target.cfg),
+        attempt=len(exclude) + 1,
+        detail=detail,
+    )

@@ -1,0 +1,29 @@
+"""The replica-selection protocol every policy implements (one policy per module)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from app.routing.state import ReplicaState
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The chosen replica, the one that would have been next, and a stable reason string."""
+
+    chosen: ReplicaState
+    runner_up: ReplicaState | None
+    reason: str
+
+
+class Policy(Protocol):
+    """Choose one of `candidates` (non-empty, all in rotation) for a request with routing key `key`."""
+
+    name: str
+
+    def select(self, candidates: Sequence[ReplicaState], key: int) -> Selection:
+        """Pick a replica; must not mutate the candidates (in-flight accounting is the caller's)."""
+        ...

@@ -1,0 +1,62 @@
+"""Prefix affinity with bounded load: rendezvous-hash the prefix key to a home replica, unless that
+would put the home above `c` x the mean load, in which case spill to the least-loaded replica.
+
+Rendezvous (highest random weight) hashing needs no ring and no state: when a replica leaves, only the
+keys it was home for move, and they come back when it returns. The bound is the one of Mirrokni et al.,
+"Consistent Hashing with Bounded Loads": a replica may take a request only while its load after the
+request is ≤ ceil(c · (total + 1) / n). The least-loaded replica always passes that test, so the spill
+target never breaks the bound either.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from app.routing.hashing import mix64
+from app.routing.policy import Selection
+
+if TYPE_CHECKING:
+    from app.routing.state import ReplicaState
+
+
+def bound(c: float, total: int, n: int) -> int:
+    """The most requests one of `n` replicas may hold when they hold `total`: ceil(c · total / n)."""
+    # The epsilon keeps float error (1.1 * 10 = 11.000000000000002) from granting an extra request.
+    return math.ceil(c * total / n - 1e-9)
+
+
+class PrefixAffinity:
+    """Home = highest rendezvous score for the key; bounded by `load_bound` (c ≥ 1) times the mean load."""
+
+    name = "prefix_affinity"
+
+    def __init__(self, load_bound: float = 1.25) -> None:
+        if load_bound < 1.0:
+            raise ValueError("load_bound must be ≥ 1")
+        self.load_bound = load_bound
+
+    def select(self, candidates: Sequence[ReplicaState], key: int) -> Selection:
+        """The home if within the bound (runner-up: the next-ranked), else the least loaded (runner-up: home)."""
+        n = len(candidates)
+        if n == 1:
+            return Selection(candidates[0], None, "prefix_home")
+        home: ReplicaState | None = None
+        second: ReplicaState | None = None
+        home_score = second_score = -1
+        total = 0
+        for r in candidates:
+            total += r.load()
+            score = mix64(key ^ r.hash)
+            if score > home_score:
+                second, second_score = home, home_score
+                home, home_score = r, score
+            elif score > second_score:
+                second, second_score = r, score
+        assert home is not None
+        capacity = bound(self.load_bound, total + 1, n)
+        if home.load() + 1 <= capacity:
+            return Selection(home, second, "prefix_home")
+        least = min(candidates, key=lambda r: (r.load(), -mix64(key ^ r.hash)))
+        return Selection(least, home, "prefix_bounded_spill")

@@ -1,0 +1,103 @@
+"""The routing key: a hash of a request's leading content, block-aligned and salted per tenant.
+
+The gateway has no tokenizer, so blocks are counted in characters: CHUNK_CHARS = 64 characters is about
+16 tokens of English or code, i.e. one vLLM KV block. Two requests get the same key when their first
+PREFIX_CHUNKS x 64 characters agree — exactly when they would share that many cached blocks.
+
+Why PREFIX_CHUNKS = 16 (1,024 characters, ≈256 tokens, ≈16 blocks):
+- it must separate different system prompts: real ones diverge within their first few hundred characters
+  (role, product, task); prompts that agree on 1 KB share ≥16 cached blocks, so co-locating them is right;
+- it must not change across the turns of one session: the key reads only content every turn repeats —
+  the leading system/developer messages, then the tools, then the first conversational message — never
+  the growing tail of the history, and only whole chunks, so turn 1 and turn 20 hash the same text;
+- with a short system prompt the first user message falls inside the window, so separate sessions get
+  separate homes (their history is the cache worth keeping) instead of all piling onto one replica;
+- 1 KB hashes in about a microsecond; a longer window buys nothing for routing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from hashlib import blake2b
+from typing import Any
+
+import orjson
+
+from app.context import Operation
+
+CHUNK_CHARS = 64
+PREFIX_CHUNKS = 16
+TOKENS_PER_CHUNK = 16  # token-id prompts: one KV block per chunk
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def _text_of(content: Any) -> str:
+    """A message's text: a string, or the text parts of a content list (images do not key)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _chat_head(body: Mapping[str, Any], limit: int) -> str:
+    parts: list[str] = []
+    size = 0
+    messages = body.get("messages")
+    first_other: Any = None
+    if isinstance(messages, list):
+        for msg in messages:
+            if not isinstance(msg, dict):
+                continue
+            if msg.get("role") in _SYSTEM_ROLES:
+                text = _text_of(msg.get("content"))[: limit - size]
+                parts.append(text)
+                size += len(text) + 1
+                if size >= limit:
+                    return "\x1e".join(parts)
+            else:
+                first_other = msg
+                break
+    tools = body.get("tools")
+    if tools:
+        # Serialized as sent: key order reaches the tokens, so it should reach the key too.
+        text = orjson.dumps(tools)[: limit - size].decode("utf-8", "ignore")
+        parts.append(text)
+        size += len(text) + 1
+        if size >= limit:
+            return "\x1e".join(parts)
+    if first_other is not None:
+        parts.append(_text_of(first_other.get("content"))[: limit - size])
+    return "\x1e".join(parts)
+
+
+def _prompt_head(prompt: Any, chunks: int) -> str:
+    """Leading text of a completions prompt / embeddings input (str, tokens, or a batch of either)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch: the first prompt decides
+    if isinstance(prompt, str):
+        return prompt[: chunks * CHUNK_CHARS]
+    if isinstance(prompt, list):
+        n = min(len(prompt), chunks * TOKENS_PER_CHUNK) // TOKENS_PER_CHUNK * TOKENS_PER_CHUNK
+        # Fixed width per token, so whole token blocks stay whole character chunks.
+        return "".join(format(t & 0xFFFFFFFF, "08x") if isinstance(t, int) else "?" * 8 for t in prompt[:n])
+    return ""
+
+
+def routing_key(
+    body: Mapping[str, Any], operation: Operation, salt: str, *, chunks: int = PREFIX_CHUNKS
+) -> int:
+    """64-bit key of the block-aligned leading content, mixed with `salt` (tenants never share homes
+    unless they share a salt, mirroring vLLM's cache_salt)."""
+    limit = chunks * CHUNK_CHARS
+    if operation == "chat":
+        head = _chat_head(body, limit)
+    else:
+        head = _prompt_head(body.get("prompt" if operation == "text_completion" else "input"), chunks)
+    aligned = len(head) // CHUNK_CHARS * CHUNK_CHARS
+    h = blake2b(salt.encode(), digest_size=8)
+    h.update(b"\x00")
+    h.update(head[:aligned].encode("utf-8", "surrogatepass"))
+    return int.from_bytes(h.digest(), "little")

@@ -1,0 +1,105 @@
+"""Background probes: one asyncio task per replica polls /health and /metrics and updates ReplicaState."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from app.config import RoutingConfig
+from app.routing.promtext import parse_metrics
+from app.routing.state import ClusterState, ReplicaState
+
+log = logging.getLogger(__name__)
+
+# Spread the probes of many replicas over the interval instead of firing them in lockstep.
+JITTER = 0.1
+MAX_PROBE_TIMEOUT_S = 2.0
+
+
+class Scraper:
+    """Keeps every replica's health and load fresh; start() after the app's aiohttp session exists."""
+
+    def __init__(
+        self,
+        cluster: ClusterState,
+        session: aiohttp.ClientSession,
+        cfg: RoutingConfig,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cluster = cluster
+        self.session = session
+        self.cfg = cfg
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._tasks: list[asyncio.Task[None]] = []
+        # A probe slower than the interval is as good as failed: the next one is due.
+        self._timeout = aiohttp.ClientTimeout(total=min(max(cfg.probe_interval_s, 0.5), MAX_PROBE_TIMEOUT_S))
+
+    async def start(self) -> None:
+        """Start one polling task per replica (idempotent)."""
+        if self._tasks:
+            return
+        for replica in self.cluster.replicas():
+            task = asyncio.create_task(self._run(replica), name=f"kvgate-probe {replica.url}")
+            self._tasks.append(task)
+
+    async def stop(self) -> None:
+        """Cancel the polling tasks and wait for them to end."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def probe_once(self, replica: ReplicaState) -> None:
+        """One round: /health decides health; when healthy, /metrics refreshes load and counters."""
+        ok = await self._health(replica)
+        replica.apply_probe(ok, self.cfg.healthy_after, self.cfg.unhealthy_after)
+        if not ok:
+            return
+        text = await self._get_text(replica.url + "/metrics")
+        if text is None:
+            replica.clear_metrics()
+            return
+        replica.apply_metrics(parse_metrics(text), self._clock())
+
+    async def _run(self, replica: ReplicaState) -> None:
+        interval = self.cfg.probe_interval_s
+        await asyncio.sleep(self._rng.uniform(0, interval * JITTER))
+        while True:
+            try:
+                await self.probe_once(replica)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a probe bug must not kill the task: health would freeze as it was
+                log.exception("probe of %s failed", replica.url)
+            await asyncio.sleep(interval * self._rng.uniform(1 - JITTER, 1 + JITTER))
+
+    async def _health(self, replica: ReplicaState) -> bool:
+        try:
+            async with self.session.get(replica.url + "/health", timeout=self._timeout) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    replica.last_error = f"health {resp.status}"
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError) as err:
+            replica.last_error = f"health {type(err).__name__}"
+            return False
+
+    async def _get_text(self, url: str) -> str | None:
+        try:
+            async with self.session.get(url, timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.text()
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            return None

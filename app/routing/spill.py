@@ -1,0 +1,94 @@
+"""Spill-over between pools: when a class's home pool is saturated, may the other pool take the request?
+
+Interactive → bulk when the interactive pool queues (or its projected TTFT is over its SLO) and bulk has
+headroom; bulk → interactive ("borrow") only while the interactive pool is nearly idle, so bulk work never
+takes capacity interactive traffic is about to need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.config import ModelConfig, RoutingConfig
+from app.context import RouteClass
+from app.routing.state import ClusterState, PoolState, ReplicaState
+
+
+@dataclass(frozen=True, slots=True)
+class SpillTuning:
+    """Thresholds not (yet) in the config file."""
+
+    # The home pool is saturated when even its shortest queue holds this many waiting requests.
+    waiting_threshold: int = 1
+    # The spill target has headroom when some replica queues nothing and is below this utilization.
+    headroom_below_utilization: float = 0.8
+
+
+DEFAULT_TUNING = SpillTuning()
+
+
+@dataclass(frozen=True, slots=True)
+class Spill:
+    """A decision to leave the home pool: the stable reason (a metric label) and a human explanation."""
+
+    reason: str
+    detail: str
+
+
+def home_and_other(model: ModelConfig, route_class: RouteClass, cluster: ClusterState) -> tuple[
+    PoolState, PoolState | None
+]:
+    """The class's home pool (first of the model's pools with that role, else the first) and the other."""
+    pools = [cluster.pools[name] for name in model.pools]
+    home = next((p for p in pools if p.cfg.role == route_class), pools[0])
+    other = next((p for p in pools if p is not home and p.cfg.role != home.cfg.role), None)
+    return home, other
+
+
+def saturation(pool: PoolState, candidates: Sequence[ReplicaState], tuning: SpillTuning) -> str | None:
+    """Why the pool counts as saturated (every replica queues, or even the best projected TTFT misses the
+    SLO), or None when it is not."""
+    min_waiting = min(r.waiting for r in candidates)
+    if min_waiting >= tuning.waiting_threshold:
+        return f"{pool.name} queues: min waiting {min_waiting} >= {tuning.waiting_threshold}"
+    best_ttft = min(r.projected_ttft_ms() for r in candidates)
+    if best_ttft > pool.cfg.ttft_slo_ms:
+        return f"{pool.name} projected TTFT {best_ttft:.0f} ms > SLO {pool.cfg.ttft_slo_ms:.0f} ms"
+    return None
+
+
+def utilization(candidates: Sequence[ReplicaState]) -> float:
+    """Mean utilization of the replicas in rotation (0-1)."""
+    return sum(r.utilization() for r in candidates) / len(candidates)
+
+
+def has_headroom(candidates: Sequence[ReplicaState], tuning: SpillTuning) -> bool:
+    """Some replica queues nothing and has room left."""
+    return any(r.waiting == 0 and r.utilization() < tuning.headroom_below_utilization for r in candidates)
+
+
+def decide_spill(
+    route_class: RouteClass,
+    home: PoolState,
+    home_candidates: Sequence[ReplicaState],
+    other: PoolState,
+    other_candidates: Sequence[ReplicaState],
+    cfg: RoutingConfig,
+    tuning: SpillTuning = DEFAULT_TUNING,
+) -> Spill | None:
+    """Whether to send this request to `other` instead of its (non-empty) home; None = stay home."""
+    why = saturation(home, home_candidates, tuning)
+    if why is None:
+        return None
+    if route_class == "interactive":
+        if has_headroom(other_candidates, tuning):
+            return Spill("spill_interactive_to_bulk", f"{why}; {other.name} has headroom")
+        return None
+    util = utilization(other_candidates)
+    if util < cfg.bulk_borrow_below_utilization and saturation(other, other_candidates, tuning) is None:
+        return Spill(
+            "borrow_idle_interactive",
+            f"{why}; {other.name} utilization {util:.2f} < {cfg.bulk_borrow_below_utilization:.2f}",
+        )
+    return None

@@ -1,0 +1,242 @@
+"""Pool state: what the router knows about each replica. Scrapers and the upstream stage write it; pick reads.
+
+Everything runs on one event loop, so plain attributes need no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Literal
+
+from app.config import GatewayConfig, PoolConfig
+from app.routing import promtext as m
+from app.routing.breaker import BreakerConfig, CircuitBreaker
+from app.routing.hashing import stable_hash64
+from app.routing.policies import make_policy
+from app.routing.policy import Policy
+
+FailureKind = Literal["connect", "timeout", "status_5xx", "protocol"]
+# Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
+TTFT_ALPHA = 0.2
+
+
+class ReplicaState:
+    """One vLLM replica: health, the gateway's own in-flight count, the last scrape, its breaker."""
+
+    __slots__ = (
+        "bad_streak",
+        "breaker",
+        "counters",
+        "good_streak",
+        "hash",
+        "healthy",
+        "in_flight",
+        "in_flight_at_scrape",
+        "index",
+        "kv_usage",
+        "last_error",
+        "last_scrape",
+        "pool",
+        "prefix_hit_rate",
+        "probed",
+        "running",
+        "spec_acceptance",
+        "ttft_ewma_s",
+        "url",
+        "waiting",
+    )
+
+    def __init__(self, url: str, pool: str = "", index: int = 0, breaker: CircuitBreaker | None = None) -> None:
+        self.url = url
+        self.pool = pool
+        self.index = index
+        self.hash = stable_hash64(url.encode())
+        # Optimistic until the first probe says otherwise: the gateway serves from its first second.
+        self.healthy = True
+        self.probed = False
+        self.good_streak = 0
+        self.bad_streak = 0
+        self.in_flight = 0
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.in_flight_at_scrape = 0
+        self.last_scrape = 0.0
+        self.counters: dict[str, float] = {}
+        self.prefix_hit_rate: float | None = None
+        self.spec_acceptance: float | None = None
+        self.ttft_ewma_s: float | None = None
+        self.last_error: str | None = None
+        self.breaker = breaker or CircuitBreaker()
+
+    def __repr__(self) -> str:
+        return f"ReplicaState({self.url!r}, load={self.load()}, healthy={self.healthy})"
+
+    # --- read by pick -------------------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Requests on the replica: the last scrape's running+waiting, moved by our in-flight change since.
+
+        The gateway's own count is exact but blind to other clients; the scrape sees everyone but is up to
+        one interval old. Never below our own in-flight count.
+        """
+        scraped = self.running + self.waiting + self.in_flight - self.in_flight_at_scrape
+        return scraped if scraped > self.in_flight else self.in_flight
+
+    def available(self) -> bool:
+        """In rotation: healthy by probes and the breaker lets a request through."""
+        return self.healthy and self.breaker.allows()
+
+    def utilization(self) -> float:
+        """0-1: KV-cache usage, or 1 when requests already queue."""
+        return 1.0 if self.waiting > 0 else self.kv_usage
+
+    def projected_ttft_ms(self) -> float:
+        """A new request's TTFT if it lands here: recent TTFT scaled by the queue ahead (0 when unknown)."""
+        if self.ttft_ewma_s is None:
+            return 0.0
+        return self.ttft_ewma_s * 1000.0 * (1.0 + self.waiting / max(self.running, 1))
+
+    # --- written by the upstream stage --------------------------------------------------------------
+
+    def on_start(self) -> None:
+        """A request was sent to this replica."""
+        self.in_flight += 1
+        self.breaker.on_attempt()
+
+    def on_success(self) -> None:
+        """The replica answered (any status that is not its fault, 4xx included)."""
+        self.in_flight = max(self.in_flight - 1, 0)
+        self.breaker.record_success()
+
+    def on_failure(self, kind: FailureKind) -> None:
+        """The replica failed the request: connect error, timeout, 5xx, broken protocol."""
+        self.in_flight = max(self.in_flight - 1, 0)
+        self.last_error = kind
+        self.breaker.record_failure()
+
+    def on_release(self) -> None:
+        """The request ended without a verdict on the replica (client disconnected, cancelled)."""
+        self.in_flight = max(self.in_flight - 1, 0)
+        self.breaker.release()
+
+    def on_first_token(self, seconds: float) -> None:
+        """The gateway measured a TTFT on this replica."""
+        self._observe_ttft(seconds)
+
+    # --- written by the scraper ---------------------------------------------------------------------
+
+    def apply_probe(self, ok: bool, healthy_after: int, unhealthy_after: int) -> None:
+        """Record one /health result; health flips only after enough consecutive agreeing probes."""
+        if ok:
+            self.good_streak += 1
+            self.bad_streak = 0
+            if not self.healthy and (self.good_streak >= healthy_after or not self.probed):
+                self.healthy = True
+        else:
+            self.bad_streak += 1
+            self.good_streak = 0
+            # Before any probe the optimistic default is a guess: the first bad answer ends it.
+            if self.healthy and (self.bad_streak >= unhealthy_after or not self.probed):
+                self.healthy = False
+            self.clear_metrics()
+        self.probed = True
+
+    def apply_metrics(self, sample: Mapping[str, float], now: float) -> None:
+        """Record one /metrics scrape (series as parse_metrics returns them)."""
+        self.running = int(sample.get(m.RUNNING, 0.0))
+        self.waiting = int(sample.get(m.WAITING, 0.0))
+        self.kv_usage = min(max(sample.get(m.KV_USAGE, 0.0), 0.0), 1.0)
+        self.in_flight_at_scrape = self.in_flight
+        prev = self.counters
+        hits = self._delta(prev, sample, m.PREFIX_HITS)
+        queries = self._delta(prev, sample, m.PREFIX_QUERIES)
+        if hits is not None and queries:
+            self.prefix_hit_rate = hits / queries
+        accepted = self._delta(prev, sample, m.SPEC_ACCEPTED)
+        drafted = self._delta(prev, sample, m.SPEC_DRAFT_TOKENS)
+        if accepted is not None and drafted:
+            self.spec_acceptance = accepted / drafted
+        ttft_sum = self._delta(prev, sample, m.TTFT_SUM)
+        ttft_count = self._delta(prev, sample, m.TTFT_COUNT)
+        if ttft_sum is not None and ttft_count:
+            self._observe_ttft(ttft_sum / ttft_count)
+        self.counters = {k: v for k, v in sample.items() if k in m.COUNTERS}
+        self.last_scrape = now
+
+    def clear_metrics(self) -> None:
+        """Forget scraped load (stale or unreachable): fall back to the gateway's own in-flight count."""
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.in_flight_at_scrape = self.in_flight
+
+    @staticmethod
+    def _delta(prev: Mapping[str, float], cur: Mapping[str, float], name: str) -> float | None:
+        # None on the first scrape, a missing series, or a counter reset (the replica restarted).
+        if name not in prev or name not in cur:
+            return None
+        d = cur[name] - prev[name]
+        return d if d >= 0 else None
+
+    def _observe_ttft(self, seconds: float) -> None:
+        if seconds < 0:
+            return
+        ewma = self.ttft_ewma_s
+        self.ttft_ewma_s = seconds if ewma is None else ewma + TTFT_ALPHA * (seconds - ewma)
+
+
+class PoolState:
+    """A pool: its config, replicas (in config order) and its routing policy instance."""
+
+    __slots__ = ("cfg", "name", "policy", "replicas")
+
+    def __init__(self, name: str, cfg: PoolConfig, replicas: list[ReplicaState], policy: Policy) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.replicas = replicas
+        self.policy = policy
+
+    def candidates(self, exclude: frozenset[str] = frozenset()) -> list[ReplicaState]:
+        """Replicas in rotation, minus those already tried."""
+        if exclude:
+            return [r for r in self.replicas if r.available() and r.url not in exclude]
+        return [r for r in self.replicas if r.available()]
+
+
+class ClusterState:
+    """All pools by name, built from the config; the one object scrapers write and pick reads."""
+
+    __slots__ = ("pools",)
+
+    def __init__(self, pools: dict[str, PoolState]) -> None:
+        self.pools = pools
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: GatewayConfig,
+        previous: ClusterState | None = None,
+        *,
+        breaker: BreakerConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ClusterState:
+        """Build the state; on reload pass `previous` so surviving replicas keep their counts and health."""
+        old = {(r.pool, r.url): r for r in previous.replicas()} if previous is not None else {}
+        pools: dict[str, PoolState] = {}
+        for name, pcfg in cfg.pools.items():
+            replicas = []
+            for i, url in enumerate(pcfg.replicas):
+                rep = old.get((name, url))
+                if rep is None:
+                    rep = ReplicaState(url, name, i, CircuitBreaker(breaker, clock))
+                rep.index = i
+                replicas.append(rep)
+            pools[name] = PoolState(name, pcfg, replicas, make_policy(pcfg.effective_policy(), cfg.routing))
+        return cls(pools)
+
+    def replicas(self) -> Iterator[ReplicaState]:
+        """Every replica of every pool."""
+        for pool in self.pools.values():
+            yield from pool.replicas

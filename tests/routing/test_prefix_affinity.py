@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.routing.prefix_affinity import PrefixAffinity, bound
+from app.routing.state import ReplicaState
+from tests.routing.factory import replicas, set_load
+
+URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
+
+
+def test_same_key_same_home_while_load_is_even() -> None:
+    reps = replicas(URLS)
+    policy = PrefixAffinity(1.25)
+    homes = {policy.select(reps, key=12345).chosen.url for _ in range(5)}
+    assert len(homes) == 1
+    sel = policy.select(reps, key=12345)
+    assert sel.reason == "prefix_home"
+    assert sel.runner_up is not None and sel.runner_up is not sel.chosen
+
+
+def test_keys_spread_over_replicas() -> None:
+    reps = replicas(URLS)
+    counts = Counter(PrefixAffinity().select(reps, key=k * 7919).chosen.url for k in range(2000))
+    assert set(counts) == set(URLS)
+    assert max(counts.values()) < 2 * min(counts.values())
+
+
+def test_overloaded_home_spills_to_least_loaded_with_home_as_runner_up() -> None:
+    reps = replicas(URLS)
+    policy = PrefixAffinity(1.25)
+    home = policy.select(reps, key=42).chosen
+    set_load(home, running=10)
+    others = [r for r in reps if r is not home]
+    for i, r in enumerate(others):
+        set_load(r, running=i + 1)
+    sel = policy.select(reps, key=42)
+    assert sel.reason == "prefix_bounded_spill"
+    assert sel.chosen is others[0]
+    assert sel.runner_up is home
+
+
+def test_rendezvous_moves_only_the_keys_of_a_leaving_replica_and_restores_them() -> None:
+    reps = replicas(URLS)
+    policy = PrefixAffinity()
+    keys = [k * 104729 + 17 for k in range(3000)]
+    before = {k: policy.select(reps, k).chosen.url for k in keys}
+    gone = reps[2]
+    after = {k: policy.select([r for r in reps if r is not gone], k).chosen.url for k in keys}
+    moved = {k for k in keys if before[k] != after[k]}
+    assert moved == {k for k in keys if before[k] == gone.url}
+    back = {k: policy.select(reps, k).chosen.url for k in keys}
+    assert back == before
+
+
+def test_load_bound_below_one_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        PrefixAffinity(0.9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=6),
+    c=st.sampled_from([1.0, 1.1, 1.25, 1.5, 2.0]),
+    # Heavily skewed: few distinct keys, so most requests want the same home.
+    keys=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=120),
+    finish=st.lists(st.booleans(), max_size=120),
+)
+def test_no_placement_exceeds_c_times_mean_load(n: int, c: float, keys: list[int], finish: list[bool]) -> None:
+    reps = [ReplicaState(f"http://h{i}:1", "p", i) for i in range(n)]
+    policy = PrefixAffinity(c)
+    in_flight: list[ReplicaState] = []
+    for i, key in enumerate(keys):
+        chosen = policy.select(reps, key).chosen
+        chosen.on_start()
+        in_flight.append(chosen)
+        total = sum(r.load() for r in reps)
+        assert chosen.load() <= bound(c, total, n)
+        if i < len(finish) and finish[i] and in_flight:
+            in_flight.pop(0).on_success()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=6),
+    c=st.sampled_from([1.0, 1.25, 1.5]),
+    keys=st.lists(st.integers(min_value=0, max_value=2), min_size=1, max_size=150),
+)
+def test_with_arrivals_only_every_replica_stays_within_the_bound(n: int, c: float, keys: list[int]) -> None:
+    reps = [ReplicaState(f"http://h{i}:1", "p", i) for i in range(n)]
+    policy = PrefixAffinity(c)
+    for key in keys:
+        policy.select(reps, key).chosen.on_start()
+        total = sum(r.load() for r in reps)
+        assert max(r.load() for r in reps) <= bound(c, total, n)
+
+
+def test_bound_counts_scraped_load_from_other_clients() -> None:
+    reps = replicas(URLS[:2])
+    policy = PrefixAffinity(1.25)
+    home = policy.select(reps, key=9).chosen
+    set_load(home, running=6)  # someone else's requests, seen only through /metrics
+    assert policy.select(reps, key=9).chosen is not home

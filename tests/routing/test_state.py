@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+from app.routing import promtext as m
+from app.routing.state import ClusterState, ReplicaState
+from tests.routing.factory import make_config, set_load
+
+
+def test_load_is_scrape_moved_by_in_flight_change_since_the_scrape() -> None:
+    r = ReplicaState("http://a:1")
+    r.on_start()
+    r.on_start()
+    set_load(r, running=5, waiting=1)  # the scrape saw our 2 plus 4 from elsewhere
+    assert r.load() == 6
+    r.on_start()
+    assert r.load() == 7
+    r.on_success()
+    r.on_success()
+    assert r.load() == 5
+
+
+def test_load_never_below_own_in_flight() -> None:
+    r = ReplicaState("http://a:1")
+    set_load(r, running=0)
+    for _ in range(3):
+        r.on_start()
+    assert r.load() == 3
+
+
+def test_in_flight_accounting_through_success_failure_release() -> None:
+    r = ReplicaState("http://a:1")
+    for _ in range(3):
+        r.on_start()
+    r.on_success()
+    r.on_failure("connect")
+    r.on_release()
+    r.on_release()  # a double release never goes negative
+    assert r.in_flight == 0
+    assert r.last_error == "connect"
+
+
+def test_failures_feed_the_breaker_and_take_the_replica_out() -> None:
+    r = ReplicaState("http://a:1")
+    for _ in range(r.breaker.cfg.failures):
+        r.on_start()
+        r.on_failure("status_5xx")
+    assert r.healthy and not r.available()
+
+
+def test_probe_hysteresis() -> None:
+    r = ReplicaState("http://a:1")
+    r.apply_probe(True, healthy_after=2, unhealthy_after=2)
+    r.apply_probe(False, 2, 2)
+    assert r.healthy  # one bad probe is not enough
+    r.apply_probe(False, 2, 2)
+    assert not r.healthy
+    r.apply_probe(True, 2, 2)
+    assert not r.healthy  # one good probe is not enough either
+    r.apply_probe(True, 2, 2)
+    assert r.healthy
+
+
+def test_first_probe_decides_at_once() -> None:
+    r = ReplicaState("http://a:1")
+    r.apply_probe(False, healthy_after=3, unhealthy_after=3)
+    assert not r.healthy
+
+
+def test_unhealthy_probe_forgets_scraped_load() -> None:
+    r = ReplicaState("http://a:1")
+    set_load(r, running=9, waiting=4, kv=0.9)
+    r.apply_probe(False, 1, 1)
+    assert (r.load(), r.waiting, r.kv_usage) == (0, 0, 0.0)
+
+
+def test_interval_rates_from_counter_deltas_and_resets() -> None:
+    r = ReplicaState("http://a:1")
+    r.apply_metrics({m.PREFIX_QUERIES: 1000, m.PREFIX_HITS: 100, m.TTFT_SUM: 1.0, m.TTFT_COUNT: 4}, 1.0)
+    assert r.prefix_hit_rate is None and r.ttft_ewma_s is None  # one scrape has no interval yet
+    r.apply_metrics(
+        {m.PREFIX_QUERIES: 2000, m.PREFIX_HITS: 850, m.SPEC_DRAFT_TOKENS: 0, m.TTFT_SUM: 2.0, m.TTFT_COUNT: 6},
+        2.0,
+    )
+    assert r.prefix_hit_rate == 0.75
+    assert r.ttft_ewma_s == 0.5
+    r.apply_metrics({m.PREFIX_QUERIES: 10, m.PREFIX_HITS: 0}, 3.0)  # restarted: counters went down
+    assert r.prefix_hit_rate == 0.75
+    assert r.last_scrape == 3.0
+
+
+def test_projected_ttft_grows_with_the_queue() -> None:
+    r = ReplicaState("http://a:1")
+    assert r.projected_ttft_ms() == 0.0
+    r.on_first_token(0.2)
+    set_load(r, running=2, waiting=0)
+    idle = r.projected_ttft_ms()
+    set_load(r, running=2, waiting=4)
+    assert r.projected_ttft_ms() == 3 * idle
+
+
+def test_reload_keeps_surviving_replicas_and_builds_policies() -> None:
+    cfg = make_config(fast=["http://127.0.0.1:9101", "http://127.0.0.1:9102"])
+    first = ClusterState.from_config(cfg)
+    kept = first.pools["fast"].replicas[1]
+    kept.on_start()
+    cfg2 = make_config(fast=["http://127.0.0.1:9102", "http://127.0.0.1:9103"])
+    second = ClusterState.from_config(cfg2, first)
+    assert second.pools["fast"].replicas[0] is kept and kept.index == 0
+    assert second.pools["fast"].replicas[1].in_flight == 0
+    assert second.pools["fast"].policy.name == "prefix_affinity"
+    assert second.pools["bulk"].policy.name == "round_robin"  # one replica, no policy key
+    assert len(list(second.replicas())) == 3
