@@ -1,0 +1,248 @@
+"""Limits: token estimate, 429s in OpenAI's shape, degrade, reconciliation, leases, budget, fail modes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+
+from app.context import Usage
+from app.errors import GatewayError
+from app.limits import (
+    Limiter,
+    cap_max_tokens,
+    estimate_input_tokens,
+    max_output_tokens,
+    seconds_to_next_month,
+)
+from app.store.base import AdmitResult, LimitSpec, Release, SpendRecord, Store
+from app.store.memory import MemoryStore
+from app.store.redis_store import RedisStore
+from app.tenancy import TenantRegistry
+from tests.servers import free_port
+from tests.store.helpers import config, make_ctx
+from tests.store.redis_fixtures import any_store, key_prefix, redis_url
+
+__all__ = ["any_store", "key_prefix", "redis_url"]
+
+
+def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
+
+
+def limiter(store: Store, fail_mode: str = "open", **limits: Any) -> Limiter:
+    return Limiter(store, TenantRegistry(config(acme_limits=limits), store), fail_mode)
+
+
+def error_of(err: GatewayError) -> dict[str, Any]:
+    body: dict[str, Any] = orjson.loads(err.body())["error"]
+    return body
+
+
+# -- the estimate --------------------------------------------------------------------------------
+def test_estimate_is_a_quarter_of_the_characters_plus_message_framing() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "x" * 400},
+            {"role": "user", "content": [{"type": "text", "text": "y" * 41}, {"type": "image_url"}]},
+        ]
+    }
+    assert estimate_input_tokens(body) == 100 + 11 + 2 * 4
+
+
+def test_estimate_counts_prompts_and_tool_schemas() -> None:
+    assert estimate_input_tokens({"prompt": "z" * 80}) == 20
+    assert estimate_input_tokens({"prompt": ["a" * 8, "b" * 8]}) == 4
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert estimate_input_tokens({"messages": [], "tools": tools}) == -(-len(orjson.dumps(tools)) // 4)
+
+
+def test_output_reservation_prefers_max_completion_tokens_and_multiplies_by_n() -> None:
+    assert max_output_tokens({"max_tokens": 50, "max_completion_tokens": 70, "n": 2}) == 140
+    assert max_output_tokens({"max_tokens": 50}) == 50
+    assert max_output_tokens({}) == 0
+
+
+def test_cap_max_tokens_lowers_or_sets_but_never_raises() -> None:
+    body: dict[str, Any] = {"max_tokens": 1000}
+    cap_max_tokens(body, 256)
+    assert body["max_tokens"] == 256
+    body = {"max_completion_tokens": 10}
+    cap_max_tokens(body, 256)
+    assert body == {"max_completion_tokens": 10}
+    body = {}
+    cap_max_tokens(body, 256)
+    assert body == {"max_tokens": 256}
+
+
+def test_budget_retry_after_runs_to_the_next_month() -> None:
+    assert seconds_to_next_month(datetime(2026, 12, 31, 23, 0, tzinfo=UTC)) == 3600
+    assert seconds_to_next_month(datetime(2026, 11, 30, 12, 0, tzinfo=UTC)) == 12 * 3600
+
+
+# -- admit ---------------------------------------------------------------------------------------
+async def test_admit_records_the_estimate_on_the_context(any_store: Store) -> None:
+    ctx = make_ctx(body=chat("w" * 40))
+    await limiter(any_store, rpm=10).admit(ctx)
+    assert ctx.estimated_input_tokens == 10 + 4
+
+
+async def test_over_rpm_is_429_rate_limit_exceeded_with_retry_after(any_store: Store) -> None:
+    lim = limiter(any_store, rpm=2)
+    for _ in range(2):
+        await lim.admit(make_ctx())
+    with pytest.raises(GatewayError) as err:
+        await lim.admit(make_ctx())
+    assert err.value.status == 429
+    assert (error_of(err.value)["type"], error_of(err.value)["code"]) == ("requests", "rate_limit_exceeded")
+    assert int(err.value.headers["Retry-After"]) >= 1
+
+
+async def test_over_tpm_is_429_of_type_tokens(any_store: Store) -> None:
+    lim = limiter(any_store, tpm=100)
+    await lim.admit(make_ctx(body=chat(max_tokens=90)))
+    with pytest.raises(GatewayError) as err:
+        await lim.admit(make_ctx(body=chat(max_tokens=90)))
+    assert (error_of(err.value)["type"], error_of(err.value)["code"]) == ("tokens", "rate_limit_exceeded")
+
+
+async def test_one_request_larger_than_tpm_still_passes_an_idle_window(any_store: Store) -> None:
+    lim = limiter(any_store, tpm=100)
+    admission = await lim.admit(make_ctx(body=chat(max_tokens=5000)))
+    assert admission.tokens_reserved == 100
+
+
+async def test_exhausted_budget_is_429_budget_exceeded_until_next_month(any_store: Store) -> None:
+    lim = limiter(any_store, monthly_budget_usd=0.01)
+    today = datetime.now(UTC).date().isoformat()
+    await any_store.record_spend([SpendRecord("s", "acme", today, "fast", 10_000)])
+    with pytest.raises(GatewayError) as err:
+        await lim.admit(make_ctx())
+    assert err.value.status == 429
+    assert error_of(err.value)["code"] == "budget_exceeded"
+    assert int(err.value.headers["Retry-After"]) > 60
+
+
+async def test_degrade_serves_over_limit_requests_as_bulk_with_capped_max_tokens(any_store: Store) -> None:
+    lim = limiter(any_store, rpm=1, on_exceed="degrade", degrade_max_tokens=64)
+    first = make_ctx(body=chat(max_tokens=1000))
+    await lim.admit(first)
+    assert first.route_class is None and first.body["max_tokens"] == 1000
+    second = make_ctx(body=chat(max_tokens=1000))
+    admission = await lim.admit(second)
+    assert admission.degraded == "rpm"
+    assert second.route_class is not None
+    assert (second.route_class.route_class, second.route_class.reason) == ("bulk", "degraded")
+    assert second.body["max_tokens"] == 64
+    assert second.limit_notes == ["degraded:rpm:class=bulk:max_tokens=64"]
+
+
+async def test_degraded_budget_overrun_is_served_not_rejected(any_store: Store) -> None:
+    lim = limiter(any_store, monthly_budget_usd=0, on_exceed="degrade")
+    ctx = make_ctx()
+    admission = await lim.admit(ctx)
+    assert admission.degraded == "budget" and ctx.body["max_tokens"] == 256
+
+
+async def test_an_unlimited_tenant_costs_no_store_round_trip() -> None:
+    class Counting(MemoryStore):
+        calls = 0
+
+        async def admit(self, *args: Any, **kw: Any) -> AdmitResult:
+            Counting.calls += 1
+            return await super().admit(*args, **kw)
+
+    await limiter(Counting()).admit(make_ctx())
+    assert Counting.calls == 0
+
+
+# -- settle --------------------------------------------------------------------------------------
+async def test_settle_reconciles_tpm_to_actual_usage(any_store: Store) -> None:
+    lim = limiter(any_store, tpm=1000)
+    ctx = make_ctx(body=chat(max_tokens=900))
+    admission = await lim.admit(ctx)
+    with pytest.raises(GatewayError):
+        await lim.admit(make_ctx(body=chat(max_tokens=900)))
+    ctx.usage = Usage(prompt_tokens=20, completion_tokens=30, reported=True)
+    await lim.settle(ctx, admission)
+    await lim.admit(make_ctx(body=chat(max_tokens=900)))
+
+
+async def test_settle_releases_the_concurrency_slot(any_store: Store) -> None:
+    lim = limiter(any_store, concurrent=1)
+    ctx = make_ctx()
+    admission = await lim.admit(ctx)
+    with pytest.raises(GatewayError) as err:
+        await lim.admit(make_ctx())
+    assert error_of(err.value)["code"] == "rate_limit_exceeded"
+    await lim.settle(ctx, admission)
+    await lim.admit(make_ctx())
+
+
+async def test_settle_records_spend_by_pool_and_token_type(any_store: Store) -> None:
+    lim = limiter(any_store)
+    ctx = make_ctx(pool="bulk", cost_usd=0.0123456)
+    ctx.usage = Usage(prompt_tokens=100, completion_tokens=7, cached_tokens=64, reported=True)
+    await lim.settle(ctx, await lim.admit(ctx))
+    [day] = await any_store.usage("acme", [datetime.now(UTC).date().isoformat()])
+    row = day.pools["bulk"]
+    assert (row.usd_micros, row.uncached_tokens, row.cached_tokens, row.output_tokens, row.requests) == (
+        12346,
+        36,
+        64,
+        7,
+        1,
+    )
+
+
+async def test_settle_never_raises_into_the_request() -> None:
+    class Broken(MemoryStore):
+        async def settle(self, release: Release | None, spend: SpendRecord | None) -> None:
+            raise RuntimeError("boom")
+
+    lim = limiter(Broken(), rpm=5)
+    ctx = make_ctx()
+    await lim.settle(ctx, await lim.admit(ctx))
+
+
+# -- fail modes ----------------------------------------------------------------------------------
+async def test_fail_open_serves_unenforced_and_buffers_spend() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:")
+    try:
+        lim = limiter(store, "open", rpm=1)
+        for _ in range(3):
+            ctx = make_ctx(cost_usd=0.5)
+            admission = await lim.admit(ctx)
+            assert not admission.enforced
+            assert ctx.limit_notes == ["unenforced:store_unavailable"]
+            await lim.settle(ctx, admission)
+        assert lim.ledger.pending == 3
+    finally:
+        await store.aclose()
+
+
+async def test_fail_closed_answers_503_in_openai_shape() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:")
+    try:
+        with pytest.raises(GatewayError) as err:
+            await limiter(store, "closed", rpm=1).admit(make_ctx())
+    finally:
+        await store.aclose()
+    assert err.value.status == 503
+    assert error_of(err.value)["code"] == "store_unavailable"
+
+
+def test_fail_mode_must_be_open_or_closed() -> None:
+    with pytest.raises(ValueError):
+        limiter(MemoryStore(), "ajar")
+
+
+def test_limit_spec_budget_is_integer_micro_dollars() -> None:
+    from app.config import LimitsConfig
+    from app.limits import limit_spec
+
+    assert limit_spec(LimitsConfig(monthly_budget_usd=12.345678), 60) == LimitSpec(
+        budget_micros=12_345_678, lease_s=60
+    )
