@@ -8,7 +8,9 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import orjson
 from rich.console import Console
 
 from app.bench.plot import plot_result
@@ -28,6 +30,16 @@ def _levels(text: str) -> list[int]:
     if not levels or any(n < 1 for n in levels):
         raise argparse.ArgumentTypeError("concurrency levels must be ≥ 1")
     return levels
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise argparse.ArgumentTypeError("not valid JSON") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
@@ -53,6 +65,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     target.add_argument("--tenants", type=_positive(int), default=1,
                         help="tenants when no --api-keys: keys sk-bench-tenant-<i>")
     target.add_argument("--model", default=None, help="model name (default: first id from GET /v1/models)")
+    target.add_argument("--time-scale", type=_positive(float), default=1.0,
+                        help="the target's clock runs X times faster (kvgate sim --time-scale X): "
+                             "durations are reported in its time")
     target.add_argument("--timeout", type=_positive(float), default=300.0, help="per-request timeout, s")
 
     load = p.add_argument_group("workload and load")
@@ -72,6 +87,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     load.add_argument("--mixed-ratio", type=float, default=0.8, help="mixed: share of interactive sessions")
     load.add_argument("--class-header", default="x-kvgate-class", help="mixed: header carrying the class")
     load.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
+    load.add_argument("--extra-body", type=_json_object, default={},
+                      help='JSON merged into every request body, e.g. \'{"ignore_eos": true}\' for vLLM')
 
     slo = p.add_argument_group("SLOs and prices")
     slo.add_argument("--slo-ttft-ms", type=_positive(float), default=None)
@@ -105,7 +122,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         tenants=args.tenants, concurrency=args.concurrency[0], rate=args.rate, requests=args.requests,
         duration_s=args.duration, seed=args.seed, max_tokens=args.max_tokens, mixed_ratio=args.mixed_ratio,
         class_header=args.class_header, stream=not args.no_stream, timeout_s=args.timeout,
-        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, pricing=pricing,
+        extra_body=args.extra_body, time_scale=args.time_scale, slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms, pricing=pricing,
         progress=not args.quiet and sys.stderr.isatty(),
     )
 

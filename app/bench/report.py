@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -144,6 +144,23 @@ class BenchResult:
     def to_json(self, *, records: bool = True) -> str:
         """The result as a JSON document."""
         return orjson.dumps(self.to_dict(records=records), option=orjson.OPT_INDENT_2).decode()
+
+
+def rescaled(result: BenchResult, time_scale: float) -> BenchResult:
+    """The result in the target's modeled time: a sim run with `--time-scale X` runs its clock X times faster,
+    so every measured duration is multiplied by X (throughput divided by X) and the summary recomputed."""
+    if time_scale == 1.0:
+        return result
+    records = []
+    for r in result.records:
+        rec = replace(r, start_s=r.start_s * time_scale, itl_s=[x * time_scale for x in r.itl_s])
+        rec.ttft_s = None if r.ttft_s is None else r.ttft_s * time_scale
+        rec.e2e_s = None if r.e2e_s is None else r.e2e_s * time_scale
+        rec.tpot_s = None if r.tpot_s is None else r.tpot_s * time_scale
+        records.append(rec)
+    spec = replace(result.spec, time_scale=time_scale)
+    summary = summarize(records, result.summary.wall_s * time_scale, spec)
+    return BenchResult(spec=spec, records=records, summary=summary, extra=dict(result.extra))
 
 
 def sweep_json(results: Sequence[BenchResult], *, records: bool = True) -> str:

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from app.bench.client import BenchClient
 from app.bench.progress import ProgressView
-from app.bench.report import BenchResult, summarize
+from app.bench.report import BenchResult, rescaled, summarize
 from app.bench.spec import BenchSpec, RequestRecord
 from app.bench.workloads import Session, Workload, WorkloadOptions
 
@@ -50,6 +50,8 @@ async def _one(
     sched: _Scheduler, client: BenchClient, session: Session, on_done: Callable[[RequestRecord], None]
 ) -> None:
     req = session.next_request(sched.model, sched.spec.stream)
+    if sched.spec.extra_body:
+        req.body.update(sched.spec.extra_body)
     rec = RequestRecord(index=sched.issued, session=req.session, turn=req.turn, tenant=req.tenant,
                         route_class=req.route_class)
     sched.issued += 1
@@ -113,8 +115,9 @@ async def run_bench(spec: BenchSpec) -> BenchResult:
         wall = time.perf_counter() - t0
     finally:
         await client.close()
-    resolved = replace(spec, model=model)
-    return BenchResult(spec=resolved, records=sched.records, summary=summarize(sched.records, wall, resolved))
+    resolved = replace(spec, model=model, time_scale=1.0)
+    result = BenchResult(spec=resolved, records=sched.records, summary=summarize(sched.records, wall, resolved))
+    return rescaled(result, spec.time_scale)
 
 
 async def run_sweep(spec: BenchSpec, levels: list[int]) -> list[BenchResult]:

@@ -46,6 +46,10 @@ class BenchSpec:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     pricing: Pricing = field(default_factory=Pricing)
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request (e.g. ignore_eos)
+    # The target's clock runs this many times faster than real time (kvgate sim --time-scale): reported
+    # durations are converted back to the target's modeled time.
+    time_scale: float = 1.0
     progress: bool = False
     max_inflight: int = 4096  # open-loop safety bound
 

@@ -117,3 +117,21 @@ def test_result_json_has_spec_summary_records_and_no_keys() -> None:
     assert len(doc["records"]) == 1
     assert "sk-" not in text
     assert "records" not in orjson.loads(result.to_json(records=False))
+
+
+def test_rescaled_converts_durations_and_throughput_to_the_target_clock() -> None:
+    from app.bench.report import rescaled
+
+    spec = BenchSpec(base_url="http://x", pricing=Pricing(gpu_hour_usd=1.0))
+    records = [_rec(0, ttft=0.1, tpot=0.02, e2e=1.0, output=10), _rec(1, ttft=0.3, tpot=0.04, e2e=2.0, output=30)]
+    records[0].itl_s = [0.02, 0.03]
+    base = BenchResult(spec=spec, records=records, summary=summarize(records, 2.0, spec))
+    slow = rescaled(base, 0.25)  # the sim ran 4x slower than its model: modeled time = wall x 0.25
+    assert slow.spec.time_scale == 0.25
+    assert slow.summary.wall_s == pytest.approx(0.5)
+    assert slow.summary.ttft_ms.p50 == pytest.approx(base.summary.ttft_ms.p50 * 0.25)
+    assert slow.summary.tpot_ms.p99 == pytest.approx(base.summary.tpot_ms.p99 * 0.25)
+    assert slow.summary.itl_ms.mean == pytest.approx(base.summary.itl_ms.mean * 0.25)
+    assert slow.summary.output_tokens_per_s == pytest.approx(base.summary.output_tokens_per_s / 0.25)
+    assert slow.summary.cost.usd_per_m_output == pytest.approx(base.summary.cost.usd_per_m_output * 0.25)
+    assert base.records[0].ttft_s == 0.1  # the original is untouched
