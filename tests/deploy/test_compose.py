@@ -7,6 +7,7 @@ tests/deploy/files.py) and checked against the gateway's own config loader and i
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Any
 
@@ -213,6 +214,8 @@ def test_json_speculative_config_in_env_example_is_valid_json() -> None:
 
 
 def test_cpu_stack_needs_no_gpu_and_runs_the_emulator() -> None:
+    from app.sim.cli import configure_parser, options_from_args
+
     svc = services(CPU)
     for name, s in svc.items():
         assert "deploy" not in s or "devices" not in str(s["deploy"]), f"{name} still reserves a GPU"
@@ -220,8 +223,13 @@ def test_cpu_stack_needs_no_gpu_and_runs_the_emulator() -> None:
         assert svc[name]["command"][:2] == ["kvgate", "sim"], name
         assert svc[name]["image"] == svc["gateway"]["image"], "the emulator ships in the gateway image"
         assert "depends_on" not in svc[name] or not svc[name]["depends_on"]
-    assert flag(svc["vllm-fast"]["command"], "--speculative") is not None
-    assert flag(svc["vllm-bulk"]["command"], "--speculative") is None
+    fast, bulk = svc["vllm-fast"]["command"], svc["vllm-bulk"]["command"]
+    assert flag(fast, "--speculative") and flag(bulk, "--speculative") is None
+    assert flag(fast, "--scheduling-policy") == "priority"
+    for argv in (fast, bulk):  # the emulator accepts exactly these flags
+        parser = argparse.ArgumentParser()
+        configure_parser(parser)
+        options_from_args(parser.parse_args(argv[2:]))
 
 
 def _scrape_targets(job: str) -> list[tuple[str, dict[str, str]]]:
