@@ -17,6 +17,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: the profile's")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the profile's")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks of 16 tokens; default: the profile's")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block; default: the profile's")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the profile's")
     p.add_argument("--speculative", default=None, metavar="ngram:K:ACCEPT",
                    help="speculative decoding: K draft tokens, each accepted with probability ACCEPT")  # fmt: skip
@@ -30,6 +31,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mean-output-tokens", type=int, default=256, help="mean natural length without ignore_eos")
     p.add_argument("--no-default-system-prompt", dest="default_system_prompt", action="store_false",
                    help="do not insert SmolLM2's default system turn")  # fmt: skip
+    p.add_argument("--no-render-tools", dest="render_tools", action="store_false",
+                   help="drop `tools` from the prompt, as SmolLM2's own chat template does")  # fmt: skip
     p.add_argument("--log-level", default="warning")
 
 
@@ -43,6 +46,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_blocks=args.kv_blocks,
+        block_size=args.block_size,
         max_model_len=args.max_model_len,
         speculative=args.speculative,
         time_scale=args.time_scale,
@@ -53,6 +57,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         mean_output_tokens=args.mean_output_tokens,
         default_system_prompt=args.default_system_prompt,
+        render_tools=args.render_tools,
     )
     opts.scheduler_config()
     return opts

@@ -27,6 +27,7 @@ class EngineConfig:
     profile: Profile
     scheduler: SchedulerConfig
     kv_blocks: int
+    block_size: int = 16
     time_scale: float = 1.0
     seed: int = 0
     enable_prefix_caching: bool = True
@@ -76,7 +77,9 @@ class Engine:
 
     def __init__(self, config: EngineConfig, vocab: Sequence[tuple[int, str]], eos_token_id: int) -> None:
         self.config = config
-        self.pool = BlockPool(config.kv_blocks, enable_caching=config.enable_prefix_caching)
+        self.pool = BlockPool(
+            config.kv_blocks, block_size=config.block_size, enable_caching=config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(config.scheduler, self.pool, seed=config.seed)
         self.metrics = EngineMetrics(config.model_name)
         self.eos_token_id = eos_token_id
@@ -147,6 +150,7 @@ class Engine:
                 seq=self._seq,
                 out_offset=offset,
                 emit=functools.partial(_push_choice, stream, i),
+                block_size=self.pool.block_size,
             )
             stream.reqs.append(req)
             self.scheduler.add(req)

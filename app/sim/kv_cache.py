@@ -7,7 +7,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = 16  # vLLM's default on GPUs; its CPU backend uses 128 (see profiles)
 # The parent of block 0; vLLM seeds it randomly per process, a constant is as good inside one process.
 NONE_HASH = b"\x00" * 32
 
@@ -50,10 +50,11 @@ def max_hit_blocks(num_tokens: int, block_size: int = BLOCK_SIZE) -> int:
 class BlockPool:
     """Fixed pool of KV blocks; freed blocks keep their hash and stay findable until evicted (LRU)."""
 
-    def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
-        if num_blocks < 1:
-            raise ValueError("num_blocks must be >= 1")
+    def __init__(self, num_blocks: int, *, block_size: int = BLOCK_SIZE, enable_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
+        self.block_size = block_size
         self.enable_caching = enable_caching
         self.ref = [0] * num_blocks
         self.hash: list[bytes | None] = [None] * num_blocks

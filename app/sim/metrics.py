@@ -6,6 +6,8 @@ import bisect
 import time
 from collections.abc import Sequence
 
+from prometheus_client.utils import floatToGoString as _fmt
+
 from app.sim.scheduler import Scheduler
 
 # Bucket edges as vllm/v1/metrics/buckets.py (0.32) defines them.
@@ -18,14 +20,14 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
-def _fmt(v: float) -> str:
-    if v == int(v) and abs(v) < 1e15:
-        return f"{int(v)}.0"
-    return repr(float(v))
+def _labels(base: dict[str, str], **extra: str) -> str:
+    # vLLM's multiprocess-mode exposition sorts label names.
+    merged = {**base, **extra}
+    return ",".join(f'{k}="{merged[k]}"' for k in sorted(merged))
 
 
 class Histogram:
-    """A Prometheus histogram: per-bucket counts (non-cumulative until rendered), sum and count."""
+    """A Prometheus histogram: per-bucket counts (cumulated when rendered), sum and count."""
 
     __slots__ = ("bounds", "count", "counts", "doc", "name", "sum")
 
@@ -42,24 +44,29 @@ class Histogram:
         self.sum += value * n
         self.count += n
 
-    def render(self, labels: str, out: list[str]) -> None:
-        """Append this histogram's exposition lines."""
-        out.append(f"# HELP {self.name} {self.doc}")
-        out.append(f"# TYPE {self.name} histogram")
+    def render(self, base: dict[str, str], created: float, out: list[str]) -> None:
+        """Append this histogram's exposition lines, then its `_created` gauge as vLLM exposes it."""
+        name = self.name
+        out.append(f"# HELP {name} {self.doc}")
+        out.append(f"# TYPE {name} histogram")
         acc = 0
         for b, c in zip(self.bounds, self.counts, strict=False):
             acc += c
-            out.append(f'{self.name}_bucket{{{labels},le="{_fmt(b)}"}} {_fmt(acc)}')
-        out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {_fmt(self.count)}')
-        out.append(f"{self.name}_count{{{labels}}} {_fmt(self.count)}")
-        out.append(f"{self.name}_sum{{{labels}}} {_fmt(self.sum)}")
+            out.append(f"{name}_bucket{{{_labels(base, le=_fmt(b))}}} {_fmt(acc)}")
+        out.append(f'{name}_bucket{{{_labels(base, le="+Inf")}}} {_fmt(self.count)}')
+        lb = _labels(base)
+        out.append(f"{name}_count{{{lb}}} {_fmt(self.count)}")
+        out.append(f"{name}_sum{{{lb}}} {_fmt(self.sum)}")
+        out.append(f"# HELP {name}_created {self.doc}")
+        out.append(f"# TYPE {name}_created gauge")
+        out.append(f"{name}_created{{{lb}}} {_fmt(created)}")
 
 
 class EngineMetrics:
     """Token counters and latency histograms the engine feeds; queue and cache gauges are read at scrape time."""
 
     def __init__(self, model_name: str, engine: int = 0) -> None:
-        self.labels = f'model_name="{model_name}",engine="{engine}"'
+        self.base = {"engine": str(engine), "model_name": model_name}
         self.created = time.time()
         self.prompt_tokens = 0
         self.prompt_tokens_cached = 0
@@ -92,54 +99,55 @@ class EngineMetrics:
         """All histograms in exposition order."""
         return (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.inference, self.prefill, self.decode)
 
-    def render(self, sched: Scheduler, *, spec_enabled: bool) -> str:
-        """Prometheus text exposition, vLLM's names and types; counters carry `_total` (and `_created`)."""
-        lb = self.labels
+    def render(self, sched: Scheduler, *, spec_enabled: bool, cache_info: dict[str, str]) -> str:
+        """Prometheus text as vLLM 0.32 exposes it: counters as `<name>_total` families with `_created` gauges."""
+        base = self.base
+        lb = _labels(base)
         out: list[str] = []
-        pool = sched.pool
         c = sched.counters
+        created = _fmt(self.created)
 
         def gauge(name: str, doc: str, value: float) -> None:
             out.append(f"# HELP {name} {doc}")
             out.append(f"# TYPE {name} gauge")
             out.append(f"{name}{{{lb}}} {_fmt(value)}")
 
-        def counter(name: str, doc: str, value: float, extra: str = "") -> None:
-            out.append(f"# HELP {name} {doc}")
-            out.append(f"# TYPE {name} counter")
-            labels = lb + extra
-            out.append(f"{name}_total{{{labels}}} {_fmt(value)}")
-            out.append(f"{name}_created{{{labels}}} {_fmt(self.created)}")
+        def counter(name: str, doc: str, values: dict[str, float], label: str = "") -> None:
+            # values: label value -> count ("" when the counter has no extra label)
+            out.append(f"# HELP {name}_total {doc}")
+            out.append(f"# TYPE {name}_total counter")
+            for key, v in values.items():
+                out.append(f"{name}_total{{{_labels(base, **({label: key} if label else {}))}}} {_fmt(v)}")
+            out.append(f"# HELP {name}_created {doc}")
+            out.append(f"# TYPE {name}_created gauge")
+            for key in values:
+                out.append(f"{name}_created{{{_labels(base, **({label: key} if label else {}))}}} {created}")
 
+        if spec_enabled:
+            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", {"": c.spec_drafts})
+            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", {"": c.spec_draft_tokens})
+            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", {"": c.spec_accepted})
+            counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                    {str(i): n for i, n in enumerate(c.spec_accepted_per_pos)}, "position")  # fmt: skip
         gauge("vllm:num_requests_running", "Number of requests in model execution batches.", len(sched.running))
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", len(sched.waiting))
-        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", pool.usage())
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", sched.pool.usage())
         counter("vllm:prefix_cache_queries",
-                "Prefix cache queries, in terms of number of queried tokens.", c.prefix_queries)  # fmt: skip
+                "Prefix cache queries, in terms of number of queried tokens.", {"": c.prefix_queries})  # fmt: skip
         counter("vllm:prefix_cache_hits",
-                "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)  # fmt: skip
-        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions)
-        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
+                "Prefix cache hits, in terms of number of cached tokens.", {"": c.prefix_hits})  # fmt: skip
+        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", {"": c.preemptions})
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", {"": self.prompt_tokens})
         counter("vllm:prompt_tokens_cached",
-                "Number of cached prompt tokens (local + external).", self.prompt_tokens_cached)  # fmt: skip
-        counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
-        out.append("# HELP vllm:request_success Count of successfully processed requests.")
-        out.append("# TYPE vllm:request_success counter")
-        for reason, n in self.success.items():
-            out.append(f'vllm:request_success_total{{{lb},finished_reason="{reason}"}} {_fmt(n)}')
-        for reason in self.success:
-            out.append(f'vllm:request_success_created{{{lb},finished_reason="{reason}"}} {_fmt(self.created)}')
-        if spec_enabled:
-            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", c.spec_drafts)
-            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", c.spec_draft_tokens)
-            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", c.spec_accepted)
-            name = "vllm:spec_decode_num_accepted_tokens_per_pos"
-            out.append(f"# HELP {name} Accepted tokens per draft position.")
-            out.append(f"# TYPE {name} counter")
-            for pos, n in enumerate(c.spec_accepted_per_pos):
-                out.append(f'{name}_total{{{lb},position="{pos}"}} {_fmt(n)}')
+                "Number of cached prompt tokens (local + external).", {"": self.prompt_tokens_cached})  # fmt: skip
+        counter("vllm:generation_tokens", "Number of generation tokens processed.", {"": self.generation_tokens})
+        counter("vllm:request_success", "Count of successfully processed requests.",
+                dict(self.success), "finished_reason")  # fmt: skip
         for h in self.histograms():
-            h.render(lb, out)
+            h.render(base, self.created, out)
+        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        out.append(f"vllm:cache_config_info{{{_labels(base, **cache_info)}}} 1.0")
         gauge("kvgate_sim_steps", "Sim only: engine steps run.", c.steps)
         gauge("kvgate_sim_step_lateness_seconds",
               "Sim only: total time steps ran past their modeled end (host CPU saturation).",

@@ -37,6 +37,7 @@ class SimOptions:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     kv_blocks: int | None = None
+    block_size: int | None = None  # tokens per KV block; default: the profile's (16 GPU, 128 vLLM-CPU)
     max_model_len: int | None = None
     speculative: str | None = None  # "ngram:K:ACCEPT"
     time_scale: float = 1.0
@@ -48,6 +49,7 @@ class SimOptions:
     enable_request_id_headers: bool = True
     mean_output_tokens: int = 256
     default_system_prompt: bool = True  # SmolLM2's template adds one when the chat has no system turn
+    render_tools: bool = True  # tools JSON in the system turn (Qwen/Hermes style); SmolLM2's own template drops them
 
     def resolved_profile(self) -> Profile:
         """The step-time profile."""
@@ -73,6 +75,10 @@ class SimOptions:
             spec_accept=spec.accept if spec else 0.0,
             policy=self.scheduling_policy,
         )
+
+    def resolved_block_size(self) -> int:
+        """Tokens per KV block with the profile default filled in."""
+        return self.block_size or self.resolved_profile().default_block_size
 
     def num_kv_blocks(self) -> int:
         """KV blocks with the profile default filled in."""

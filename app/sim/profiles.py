@@ -27,6 +27,7 @@ class Profile:
     draft_token_s: float  # verifying one speculative token
     spec_step_s: float  # drafting overhead per step that speculates (ngram lookup on the host)
     default_kv_blocks: int
+    default_block_size: int
     default_max_num_seqs: int
     default_max_num_batched_tokens: int
     default_max_model_len: int
@@ -70,6 +71,7 @@ H100_8B = Profile(
     spec_step_s=3.0e-4,
     # 80 GB x 0.92 - 16.1 GB weights - ~4 GB activations ≈ 53 GB / 2 MiB per 16-token block ≈ 25k blocks.
     default_kv_blocks=25_000,
+    default_block_size=16,
     default_max_num_seqs=1024,
     default_max_num_batched_tokens=8192,
     default_max_model_len=131_072,
@@ -79,7 +81,9 @@ H100_8B = Profile(
 # Constants fitted by bench/calibrate_cpu_profile.py against the real servers; see that script's output
 # recorded in its docstring. Before calibration the reference sheet gave: ≈20-26 tok/s single stream
 # (≈40-50 ms per step) and 8 concurrent 64-token requests ≈135-140 tok/s together (≈58 ms per step at batch 8).
-# 512 MiB KV / (30 layers x 3 KV heads x 64 dim x 2 x 2 B = 22.5 KiB per token) ≈ 23.3k tokens = 1456 blocks.
+# KV: the real server reports block_size=128 (vLLM's CPU attention backend) and num_gpu_blocks=182 =
+# 23,296 tokens for 512 MiB (30 layers x 3 KV heads x 64 dim x 2 x 2 B = 22.5 KiB per token); both from its
+# vllm:cache_config_info. max_num_batched_tokens is 2048 there too.
 CPU_SMOLLM2 = Profile(
     name="cpu-smollm2",
     base_s=4.0e-2,
@@ -88,7 +92,8 @@ CPU_SMOLLM2 = Profile(
     kv_token_s=1.0e-6,
     draft_token_s=2.0e-3,
     spec_step_s=2.0e-3,
-    default_kv_blocks=1456,
+    default_kv_blocks=182,
+    default_block_size=128,
     default_max_num_seqs=256,
     default_max_num_batched_tokens=2048,
     default_max_model_len=2048,

@@ -31,17 +31,26 @@ class SimHTTPError(Exception):
         )
 
 
-def _validation_error(msg: str, param: str, body: dict[str, Any]) -> SimHTTPError:
-    # A model_validator(mode="before") failure goes through FastAPI's RequestValidationError handler in vLLM:
-    # "1 validation error:\n  {pydantic error dict}", type "Bad Request", param from the VLLMValidationError.
-    detail = {
-        "type": "value_error",
-        "loc": "body",
-        "msg": f"Value error, {msg}",
-        "input": f"<dict of {len(body)} items>",
-        "ctx": {"error": f"VLLMValidationError({msg!r})"},
-    }
-    return SimHTTPError(400, f"1 validation error:\n  {detail}", "Bad Request", param)
+def _validation_error(msg: str, param: str, value: Any = None, *, with_value: bool = False) -> SimHTTPError:
+    # vLLM 0.32 turns a VLLMValidationError into BadRequestError with "(parameter=..[, value=..])" appended.
+    suffix = f" (parameter={param}, value={value})" if with_value else f" (parameter={param})"
+    return SimHTTPError(400, msg + suffix, "BadRequestError", param)
+
+
+def json_decode_error(raw: bytes) -> SimHTTPError:
+    """The body vLLM (FastAPI) sends for malformed JSON; pydantic's message, Python json's position and reason."""
+    import json
+
+    try:
+        json.loads(raw)
+        reason, pos = "Invalid JSON", 0
+    except json.JSONDecodeError as e:
+        reason, pos = e.msg, e.pos
+    except (UnicodeDecodeError, ValueError):
+        reason, pos = "Invalid JSON", 0
+    detail = {"type": "json_invalid", "loc": f"body.{pos}", "msg": "JSON decode error",
+              "input": "<dict of 0 items>", "ctx": {"error": reason}}  # fmt: skip
+    return SimHTTPError(400, f"1 validation error:\n  {detail}", "Bad Request", f"body.{pos}")
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -50,12 +59,11 @@ def validate_cache_salt(body: dict[str, Any]) -> str | None:
     if salt is None:
         return None
     if not isinstance(salt, str) or not salt:
-        raise _validation_error("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt", body)
+        raise _validation_error("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
     if len(salt) > MAX_CACHE_SALT_LENGTH or any(ch in CACHE_SALT_FORBIDDEN for ch in salt):
         raise _validation_error(
             "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
             "cache_salt",
-            body,
         )
     return salt
 
@@ -99,6 +107,7 @@ def parse_generation(
     priority_enabled: bool,
     header_priority: str | None,
     default_system: str | None,
+    render_tools: bool = True,
 ) -> GenRequest:
     """Validate a chat or completion body the way vLLM's OpenAI server does, and tokenize its prompt."""
     if not isinstance(body, dict):
@@ -115,7 +124,7 @@ def parse_generation(
     stream = bool(body.get("stream", False))
     opts = body.get("stream_options")
     if opts is not None and not stream:
-        raise _validation_error("Stream options can only be defined when `stream=True`.", "stream_options", body)
+        raise _validation_error("Stream options can only be defined when `stream=True`.", "stream_options")
     opts = opts if isinstance(opts, dict) else {}
     echo: str | None = None
     if kind == "chat":
@@ -125,7 +134,7 @@ def parse_generation(
         try:
             text = render_chat(
                 messages,
-                tools=body.get("tools"),
+                tools=body.get("tools") if render_tools else None,
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)),
                 default_system=default_system,
             )
@@ -138,7 +147,7 @@ def parse_generation(
     else:
         prompt = body.get("prompt")
         if prompt is None or prompt == "" or prompt == []:
-            raise _validation_error("Either prompt or prompt_embeds must be provided and non-empty.", "prompt", body)
+            raise _validation_error("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if isinstance(prompt, str):
@@ -150,41 +159,43 @@ def parse_generation(
         else:
             raise SimHTTPError(400, "The sim accepts one prompt per request", "BadRequestError", "prompt")
         max_tok = body.get("max_tokens", 16)  # OpenAI completions default
-    n = _int_field(body, "n", 1, 1) or 1
-    max_tokens_given = _int_field({"max_tokens": max_tok}, "max_tokens", None, 1)
-    if len(prompt_ids) >= max_model_len:
-        raise SimHTTPError(
-            400,
+    n = _int_field(body, "n", 1)
+    if n is None or n < 1:
+        raise SimHTTPError(400, f"n must be at least 1, got {n}.", "BadRequestError", None)
+    if max_tok is not None and (isinstance(max_tok, bool) or not isinstance(max_tok, int)):
+        raise SimHTTPError(400, "max_tokens must be an integer", "Bad Request", "max_tokens")
+    if max_tok is not None and max_tok > max_model_len:
+        raise _validation_error(
+            f"max_tokens={max_tok} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            "max_tokens",
+            max_tok,
+            with_value=True,
+        )
+    if len(prompt_ids) > max_model_len:
+        raise _validation_error(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
             f"{len(prompt_ids)} input tokens, which exceeds this limit even without any output tokens. "
             "Please reduce the length of the input prompt.",
-            "BadRequestError",
             "input_tokens",
+            len(prompt_ids),
+            with_value=True,
         )
+    # vLLM clamps max_tokens to the room left in the context rather than refusing.
     room = max_model_len - len(prompt_ids)
-    if max_tokens_given is not None and max_tokens_given > room:
-        raise SimHTTPError(
-            400,
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens_given}. This model's maximum "
-            f"context length is {max_model_len} tokens and your request has {len(prompt_ids)} input tokens "
-            f"({max_tokens_given} > {max_model_len} - {len(prompt_ids)}).",
-            "BadRequestError",
-            "max_tokens",
+    max_tokens = room if max_tok is None else min(max_tok, room)
+    if max_tokens < 1:
+        raise _validation_error(
+            f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens, with_value=True
         )
-    max_tokens = max_tokens_given if max_tokens_given is not None else room
     priority = _int_field(body, "priority", 0) or 0
     if header_priority is not None and "priority" not in body:
         try:
             priority = int(header_priority)
         except ValueError:
             raise SimHTTPError(400, "X-Vllm-Priority must be an integer", "BadRequestError", "priority") from None
-    if priority != 0 and not priority_enabled:
-        raise SimHTTPError(
-            400,
-            "Got priority != 0 but the scheduling policy is not 'priority'.",
-            "BadRequestError",
-            "priority",
-        )
+    if not priority_enabled:
+        priority = 0  # vLLM accepts a priority under FCFS and ignores it
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise SimHTTPError(400, "seed must be an integer", "BadRequestError", "seed")

@@ -21,6 +21,7 @@ class SimRequest:
 
     __slots__ = (
         "arrival",
+        "block_size",
         "blocks",
         "cached_tokens",
         "emit",
@@ -60,8 +61,10 @@ class SimRequest:
         seq: int = 0,
         out_offset: int = 0,
         emit: Callable[[SimRequest, int], None] | None = None,
+        block_size: int = BLOCK_SIZE,
     ) -> None:
         self.rid = rid
+        self.block_size = block_size
         self.tokens = list(prompt)
         self.num_prompt = len(prompt)
         self.max_tokens = max_tokens
@@ -76,7 +79,7 @@ class SimRequest:
         self.num_output = 0
         self.num_computed = 0
         self.blocks: list[int] = []
-        self.hashes: list[bytes] = block_hashes(self.tokens, salt)
+        self.hashes: list[bytes] = block_hashes(self.tokens, salt, block_size=block_size)
         self.num_cached_blocks = 0
         self.cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted
         self.num_preemptions = 0
@@ -94,7 +97,7 @@ class SimRequest:
 
     def extend_hashes(self) -> None:
         """Hash blocks that became full since the last call (generated tokens fill blocks too)."""
-        have = len(self.hashes)
-        if (have + 1) * BLOCK_SIZE <= len(self.tokens):
+        have, bs = len(self.hashes), self.block_size
+        if (have + 1) * bs <= len(self.tokens):
             parent = self.hashes[-1] if self.hashes else NONE_HASH
-            self.hashes.extend(block_hashes(self.tokens, self.salt, start=have, parent=parent))
+            self.hashes.extend(block_hashes(self.tokens, self.salt, block_size=bs, start=have, parent=parent))

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.sim.kv_cache import BLOCK_SIZE, BlockPool, max_hit_blocks
+from app.sim.kv_cache import BlockPool, max_hit_blocks
 from app.sim.profiles import StepCost
 from app.sim.request import SimRequest, Status
 
@@ -47,8 +47,8 @@ class Counters:
     steps: int = 0
 
 
-def _ceil_blocks(n_tokens: int) -> int:
-    return -(-n_tokens // BLOCK_SIZE)
+def _ceil_blocks(n_tokens: int, block_size: int) -> int:
+    return -(-n_tokens // block_size)
 
 
 class Scheduler:
@@ -137,7 +137,7 @@ class Scheduler:
                 drafts = max(drafts, 0)
             total = min(num_new + drafts, budget)
             drafts = max(total - num_new, 0)
-            need = _ceil_blocks(req.num_computed + total) - len(req.blocks)
+            need = _ceil_blocks(req.num_computed + total, pool.block_size) - len(req.blocks)
             scheduled_self = True
             while need > pool.num_free:
                 victim = self._pick_victim()
@@ -168,13 +168,14 @@ class Scheduler:
 
     def _admit(self, now: float, budget: int, out: dict[int, Scheduled]) -> None:
         cfg, pool = self.config, self.pool
+        bs = pool.block_size
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
             req.extend_hashes()
-            hit = pool.find_longest_hit(req.hashes, max_hit_blocks(req.num_tokens))
-            hit_tokens = len(hit) * BLOCK_SIZE
+            hit = pool.find_longest_hit(req.hashes, max_hit_blocks(req.num_tokens, bs))
+            hit_tokens = len(hit) * bs
             num_new = min(req.num_tokens - hit_tokens, budget)
-            need = _ceil_blocks(hit_tokens + num_new) - len(hit)
+            need = _ceil_blocks(hit_tokens + num_new, bs) - len(hit)
             if need + pool.evictable_among(hit) > pool.num_free:
                 break
             pool.touch(hit)
@@ -269,7 +270,7 @@ class Scheduler:
         return produced, finished
 
     def _commit(self, req: SimRequest) -> None:
-        full = req.num_computed // BLOCK_SIZE
+        full = req.num_computed // self.pool.block_size
         if full <= req.num_cached_blocks:
             return
         req.extend_hashes()

@@ -18,13 +18,20 @@ from starlette.types import Receive, Scope, Send
 
 from app.sim.engine import Engine, EngineConfig, OutputStream
 from app.sim.options import SimOptions
-from app.sim.protocol import GenRequest, SimHTTPError, parse_generation
+from app.sim.protocol import GenRequest, SimHTTPError, json_decode_error, parse_generation
 from app.sim.request import Status
 from app.sim.template import SMOLLM2_DEFAULT_SYSTEM, TemplateError, render_chat
 from app.sim.tokenizer import Tokenizer, load_tokenizer
-from app.sim.wire import DONE, ChatChunks, CompletionChunks, chat_response, completion_response, usage
+from app.sim.wire import (
+    DONE,
+    VLLM_VERSION,
+    ChatChunks,
+    CompletionChunks,
+    chat_response,
+    completion_response,
+    usage,
+)
 
-VLLM_VERSION = "0.32.0"
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream; charset=utf-8")
 
@@ -43,6 +50,7 @@ class SimState:
                 profile=options.resolved_profile(),
                 scheduler=self.sched_config,
                 kv_blocks=options.num_kv_blocks(),
+                block_size=options.resolved_block_size(),
                 time_scale=options.time_scale,
                 seed=options.seed,
                 enable_prefix_caching=options.enable_prefix_caching,
@@ -91,15 +99,15 @@ class GenerationEndpoint:
             raw = await _read_body(receive)
         except ConnectionResetError:
             return
-        rid = (headers.get(b"x-request-id") or b"").decode() or uuid.uuid4().hex
+        rid = (headers.get(b"x-request-id") or b"").decode() or uuid.uuid4().hex[:16]
         out_headers = [_JSON]
         if st.options.enable_request_id_headers:
             out_headers.append((b"x-request-id", rid.encode()))
         try:
             try:
                 body = orjson.loads(raw)
-            except orjson.JSONDecodeError as e:
-                raise SimHTTPError(400, f"JSON decode error: {e}", "Bad Request", None) from None
+            except orjson.JSONDecodeError:
+                raise json_decode_error(raw) from None
             prio = headers.get(b"x-vllm-priority")
             gen = parse_generation(
                 self.kind,
@@ -110,8 +118,10 @@ class GenerationEndpoint:
                 priority_enabled=st.sched_config.policy == "priority",
                 header_priority=prio.decode() if prio is not None else None,
                 default_system=st.default_system,
+                render_tools=st.options.render_tools,
             )
-            if -(-len(gen.prompt_ids) // 16) > st.engine.pool.num_blocks:
+            pool = st.engine.pool
+            if -(-len(gen.prompt_ids) // pool.block_size) > pool.num_blocks:
                 raise SimHTTPError(400, "The prompt does not fit in the KV cache.", "BadRequestError", "messages")
         except SimHTTPError as e:
             await _send_whole(send, e.status, e.body(), out_headers)
@@ -146,10 +156,19 @@ class GenerationEndpoint:
                 self.state.engine.abort(stream)
                 return
 
-    def _usage(self, gen: GenRequest, stream: OutputStream) -> dict[str, Any]:
-        completion = sum(r.num_output for r in stream.reqs)
-        cached = max(stream.reqs[0].cached_tokens, 0)
-        return usage(len(gen.prompt_ids), completion, cached, self.state.options.enable_prompt_tokens_details)
+    def _usage(self, gen: GenRequest, stream: OutputStream, streaming: bool) -> dict[str, Any]:
+        first = stream.reqs[0]
+        cached = max(first.cached_tokens, 0)
+        bs = first.block_size
+        return usage(
+            gen.kind,
+            streaming=streaming,
+            prompt=len(gen.prompt_ids),
+            completion=sum(r.num_output for r in stream.reqs),
+            cached=cached,
+            created_cache=max(len(gen.prompt_ids) // bs * bs - cached, 0),
+            details=self.state.options.enable_prompt_tokens_details,
+        )
 
     async def _whole(
         self, send: Send, gen: GenRequest, stream: OutputStream, resp_id: str, headers: list[tuple[bytes, bytes]]
@@ -164,7 +183,7 @@ class GenerationEndpoint:
         if gen.echo_prompt:
             choices = [(gen.echo_prompt + t, fr) for t, fr in choices]
         build = chat_response if gen.kind == "chat" else completion_response
-        body = build(resp_id, int(time.time()), st.options.model, choices, self._usage(gen, stream))
+        body = build(resp_id, int(time.time()), st.options.model, choices, self._usage(gen, stream, False))
         await _send_whole(send, 200, body, headers)
 
     async def _stream(
@@ -191,17 +210,15 @@ class GenerationEndpoint:
                 text = engine.text_of(req, start, count)
                 if start == 0 and gen.echo_prompt:
                     text = gen.echo_prompt + text
-                if req.status is Status.FINISHED and start + count == req.num_output:
-                    cont = self._usage(gen, stream) if gen.continuous_usage else None
-                    parts.append(chunks.last(idx, text, req.finish_reason or "stop", cont))
-                elif gen.continuous_usage:
-                    parts.append(chunks.last(idx, text, "", self._usage(gen, stream)).replace(
-                        b'"finish_reason":""', b'"finish_reason":null'))  # fmt: skip
+                last = req.status is Status.FINISHED and start + count == req.num_output
+                if last or gen.continuous_usage:
+                    cont = self._usage(gen, stream, True) if gen.continuous_usage else None
+                    parts.append(chunks.delta(idx, text, (req.finish_reason or "stop") if last else None, cont))
                 else:
                     parts.append(chunks.content(idx, text))
             if stream.finished:
                 if gen.include_usage:
-                    parts.append(chunks.usage_chunk(self._usage(gen, stream)))
+                    parts.append(chunks.usage_chunk(self._usage(gen, stream, True)))
                 parts.append(DONE)
                 await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
                 return
@@ -212,6 +229,15 @@ def create_sim_app(options: SimOptions) -> Starlette:
     """A Starlette app behaving like one vLLM replica with `options`; the engine runs while the app lives."""
     st = SimState(options)
 
+    pool = st.engine.pool
+    cache_info = {
+        "block_size": str(pool.block_size),
+        "enable_prefix_caching": str(options.enable_prefix_caching),
+        "num_gpu_blocks": str(pool.num_blocks),
+        "kv_cache_size_tokens": str(pool.num_blocks * pool.block_size),
+        "prefix_caching_hash_algo": "sha256",
+    }
+
     async def health(_: Request) -> Response:
         return Response(status_code=200 if st.engine.healthy else 503)
 
@@ -221,9 +247,9 @@ def create_sim_app(options: SimOptions) -> Starlette:
     async def models(_: Request) -> Response:
         card = {
             "id": options.model, "object": "model", "created": st.created, "owned_by": "vllm",
-            "root": options.model, "parent": None, "max_model_len": st.sched_config.max_model_len,
+            "root": options.tokenizer or options.model, "parent": None, "max_model_len": st.sched_config.max_model_len,
             "permission": [{
-                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": st.created,
+                "id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission", "created": st.created,
                 "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                 "organization": "*", "group": None, "is_blocking": False,
@@ -232,12 +258,13 @@ def create_sim_app(options: SimOptions) -> Starlette:
         return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
 
     async def metrics(_: Request) -> Response:
-        text = st.engine.metrics.render(st.engine.scheduler, spec_enabled=st.spec_enabled)
+        text = st.engine.metrics.render(st.engine.scheduler, spec_enabled=st.spec_enabled, cache_info=cache_info)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def tokenize(request: Request) -> Response:
+        raw = await request.body()
         try:
-            body = orjson.loads(await request.body())
+            body = orjson.loads(raw)
             if not isinstance(body, dict):
                 raise SimHTTPError(400, "Expected a JSON object", "Bad Request")
             model = body.get("model")
@@ -248,7 +275,7 @@ def create_sim_app(options: SimOptions) -> Starlette:
                 try:
                     text = render_chat(
                         body["messages"],
-                        tools=body.get("tools"),
+                        tools=body.get("tools") if options.render_tools else None,
                         add_generation_prompt=bool(body.get("add_generation_prompt", True)),
                         default_system=st.default_system,
                     )
@@ -256,8 +283,8 @@ def create_sim_app(options: SimOptions) -> Starlette:
                     raise SimHTTPError(400, str(e), "BadRequestError", "messages") from None
             else:
                 text = str(body.get("prompt", ""))
-        except orjson.JSONDecodeError as e:
-            err = SimHTTPError(400, f"JSON decode error: {e}", "Bad Request")
+        except orjson.JSONDecodeError:
+            err = json_decode_error(raw)
             return Response(err.body(), status_code=400, media_type="application/json")
         except SimHTTPError as e:
             return Response(e.body(), status_code=e.status, media_type="application/json")
@@ -266,9 +293,9 @@ def create_sim_app(options: SimOptions) -> Starlette:
         return Response(orjson.dumps(out), media_type="application/json")
 
     async def reset_prefix_cache(_: Request) -> Response:
-        # vLLM answers 200 either way and logs when blocks are still in use.
-        st.engine.reset_prefix_cache()
-        return Response(status_code=200)
+        # vLLM answers 200 with {"success": bool}; it refuses while blocks are in use.
+        ok = st.engine.reset_prefix_cache()
+        return Response(orjson.dumps({"success": ok}), media_type="application/json")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
