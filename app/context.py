@@ -133,3 +133,8 @@ class RequestContext:
     cost_usd: float = 0.0
     savings_usd: float = 0.0
     extra_response_headers: dict[str, str] = field(default_factory=dict)
+    # Set by the limits stage, consumed by settle; settled guards against settling twice.
+    admission: Any = None
+    settled: bool = False
+    # Whether an upstream call was made at all (telemetry tells rejections from upstream failures).
+    upstream_called: bool = False

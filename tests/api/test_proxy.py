@@ -139,11 +139,24 @@ def test_upstream_4xx_body_passes_through_unchanged(gateway: str) -> None:
                         "param": None, "code": 400}
 
 
-def test_unreachable_upstream_is_502(stack) -> None:
-    gw = stack(gateway_config([f"http://127.0.0.1:{free_port()}"]))
+def test_unreachable_upstream_before_any_probe_is_502(stack) -> None:
+    cfg = gateway_config([f"http://127.0.0.1:{free_port()}"], routing={"probe_interval_s": 60})
+    gw = stack(cfg)
     with pytest.raises(openai.APIStatusError) as info:
         client(gw).chat.completions.create(model=PUBLIC_MODEL, messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == 502
+
+
+def test_replica_that_fails_probes_leaves_rotation_503_and_unready(stack) -> None:
+    gw = stack(gateway_config([f"http://127.0.0.1:{free_port()}"]))
+    deadline = time.monotonic() + 5
+    while httpx.get(gw + "/ready").status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(gw + "/ready").status_code == 503
+    with pytest.raises(openai.APIStatusError) as info:
+        client(gw).chat.completions.create(model=PUBLIC_MODEL, messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 503
+    assert info.value.body["code"] == "no_healthy_upstream"  # type: ignore[index]
 
 
 def test_upstream_5xx_everywhere_is_502_after_retries(gateway: str, fake_upstream) -> None:

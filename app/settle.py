@@ -1,0 +1,62 @@
+"""The settle stage: usage → cost and savings, spend and limits reconciled in the store, spans and metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from app.config import GatewayConfig
+from app.context import RequestContext
+from app.cost import TokenPrices, pool_prices, reference_prices, request_cost, request_savings
+from app.limits import Limiter
+from app.telemetry import Telemetry
+from app.tenancy import TenantRegistry
+
+_log = logging.getLogger(__name__)
+
+
+class Settler:
+    """Prices a finished request and hands it to the store and to telemetry, exactly once."""
+
+    def __init__(
+        self, cfg: GatewayConfig, registry: TenantRegistry, limiter: Limiter, telemetry: Telemetry
+    ) -> None:
+        self._pool_prices = {name: pool_prices(pool.price) for name, pool in cfg.pools.items()}
+        self._registry = registry
+        self._limiter = limiter
+        self._telemetry = telemetry
+        self._reference: dict[str, TokenPrices] = {}
+
+    def _reference_for(self, tenant_id: str) -> TokenPrices:
+        prices = self._reference.get(tenant_id)
+        if prices is None:
+            prices = reference_prices(self._registry.reference_price_for(tenant_id))
+            self._reference[tenant_id] = prices
+        return prices
+
+    def price(self, ctx: RequestContext) -> None:
+        """Set ctx.cost_usd and ctx.savings_usd from the usage the upstream reported (pure arithmetic)."""
+        if ctx.route is None or not ctx.usage.reported:
+            return
+        prices = self._pool_prices[ctx.route.pool]
+        ctx.cost_usd = request_cost(ctx.usage, prices)
+        tenant_id = ctx.tenant.id if ctx.tenant is not None else "anonymous"
+        ctx.savings_usd = request_savings(ctx.usage, prices, self._reference_for(tenant_id))
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """Record spend, release limits, end spans and record metrics; idempotent, never raises."""
+        if ctx.settled:
+            return
+        ctx.settled = True
+        ctx.timing.end = ctx.timing.end or time.perf_counter()
+        if not ctx.cost_usd:
+            self.price(ctx)
+        if ctx.admission is not None:
+            try:
+                await self._limiter.settle(ctx, ctx.admission)
+            except Exception:  # the limiter promises not to raise; a bug there must not break the response
+                _log.exception("settle: limiter failed")
+        if ctx.upstream_called:
+            self._telemetry.settle(ctx)
+        else:
+            self._telemetry.record_rejected(ctx, ctx.status, ctx.error_type or "rejected")
