@@ -1,0 +1,56 @@
+"""VolatilityMemory: learns change, stays bounded, keeps tenants apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.normalize import VolatilityMemory
+
+
+def test_span_becomes_volatile_once_it_changes_and_stays_so() -> None:
+    m = VolatilityMemory()
+    assert m.observe("t", 1, 100, False) is False
+    assert m.observe("t", 1, 100, False) is False
+    assert m.observe("t", 1, 101, False) is True
+    assert m.observe("t", 1, 101, False) is True  # sticky
+
+
+def test_first_sight_follows_the_presumption() -> None:
+    m = VolatilityMemory()
+    assert m.observe("t", 1, 100, True) is True
+    assert m.peek("t", 1) is True and m.peek("t", 2) is None
+
+
+def test_tenants_do_not_share_what_they_learn() -> None:
+    m = VolatilityMemory()
+    m.observe("a", 1, 100, False)
+    m.observe("a", 1, 101, False)
+    assert m.peek("b", 1) is None
+    assert m.observe("b", 1, 102, False) is False
+
+
+def test_entries_per_tenant_are_bounded_lru() -> None:
+    m = VolatilityMemory(capacity_per_tenant=4)
+    for key in range(10):
+        m.observe("t", key, 0, False)
+    assert m.size("t") == 4
+    assert m.peek("t", 0) is None and m.peek("t", 9) is False
+
+
+def test_tenant_count_is_bounded_lru() -> None:
+    m = VolatilityMemory(max_tenants=3)
+    for t in "abcde":
+        m.observe(t, 1, 1, False)
+    assert m.size() == 3 and m.peek("a", 1) is None and m.peek("e", 1) is False
+
+
+def test_static_text_cache_resets_when_rules_change() -> None:
+    m = VolatilityMemory()
+    m.add_static_text("t", 5, frozenset({"uuid"}))
+    assert m.is_static_text("t", 5, frozenset({"uuid"}))
+    assert not m.is_static_text("t", 5, frozenset({"uuid", "date"}))
+
+
+def test_invalid_bounds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        VolatilityMemory(capacity_per_tenant=0)
