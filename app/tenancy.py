@@ -134,7 +134,12 @@ class TenantRegistry:
                     "You didn't provide an API key. Provide it in an Authorization header (Bearer <key>)."
                 )
             return self._anonymous
-        tenant_id = await self._lookup(hash_key(token) if not token.startswith("sha256:") else "")
+        try:
+            tenant_id = await self._lookup(hash_key(token) if not token.startswith("sha256:") else "")
+        except GatewayError:
+            if self._required:
+                raise
+            tenant_id = None  # unverifiable while the store is down: anonymous, as auth allows
         tenant = self._tenants.get(tenant_id) if tenant_id is not None else None
         if tenant is not None:
             return tenant

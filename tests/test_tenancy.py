@@ -144,6 +144,16 @@ async def test_with_redis_down_config_keys_still_resolve_and_others_get_503() ->
         await store.aclose()
 
 
+async def test_with_redis_down_and_auth_optional_unverifiable_keys_are_anonymous() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:")
+    try:
+        reg = await loaded(store, required=False)
+        assert (await reg.resolve("Bearer sk-minted-elsewhere")).id == "anonymous"
+        assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+    finally:
+        await store.aclose()
+
+
 def test_limits_and_reference_price_come_from_the_tenant_config() -> None:
     reg = TenantRegistry(config(acme_limits={"rpm": 5}), MemoryStore())
     assert reg.limits_for("acme").rpm == 5

@@ -28,7 +28,7 @@ end
 # KEYS: rpm bucket, tpm bucket, concurrency zset, month spend
 # ARGV: rpm, tpm, concurrent (0 = none), budget_micros (-1 = none), tokens, lease id, lease µs,
 #       window µs, force_lease ('1'/'0')
-# Returns {admitted, reason, retry_us, lease_taken, tokens_reserved}.
+# Returns "admitted|reason|retry_us|lease_taken|tokens_reserved" (one string parses cheaper than an array).
 ADMIT = (
     _DRAIN
     + """
@@ -82,7 +82,7 @@ if take then
   redis.call('PEXPIRE', KEYS[3], math.ceil(lease_us / 1000) + 1000)
 end
 if fail then
-  return {0, fail, string.format('%.0f', retry), take and 1 or 0, 0}
+  return '0|' .. fail .. '|' .. string.format('%.0f', retry) .. '|' .. (take and '1' or '0') .. '|0'
 end
 if rpm > 0 then store_bucket(KEYS[1], rpm_new, rpm, now) end
 local reserved = 0
@@ -90,7 +90,7 @@ if tpm > 0 then
   store_bucket(KEYS[2], tpm_new, tpm, now)
   reserved = tokens
 end
-return {1, '', '0', take and 1 or 0, reserved}
+return '1||0|' .. (take and '1' or '0') .. '|' .. string.format('%.0f', reserved)
 """
 )
 

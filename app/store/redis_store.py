@@ -9,6 +9,7 @@ either way the caller gets StoreUnavailable and applies the configured fail mode
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.store.base import (
@@ -35,6 +37,7 @@ from app.store.base import (
 from app.store.redis_scripts import ADMIT, SETTLE
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 US = 1_000_000
 _DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
 
@@ -61,7 +64,6 @@ class RedisStore:
             max_connections=max_connections,
         )
         self._p = key_prefix
-        self._timeout = socket_timeout_s * 2
         self._cooldown = cooldown_s
         self._down_until = 0.0
         self._admit = self._r.register_script(ADMIT)
@@ -77,11 +79,16 @@ class RedisStore:
                 aw.close()
             raise StoreUnavailable("redis marked down (cooling off)")
         try:
-            async with asyncio.timeout(self._timeout):
-                result = await aw
+            # socket_timeout bounds every read and connect; no outer timer needed (it costs CPU per call).
+            result = await aw
         except _DOWN_ERRORS as err:
             self._down_until = time.monotonic() + self._cooldown
             raise StoreUnavailable(f"redis unavailable: {type(err).__name__}") from err
+        except RedisError as err:
+            # A server-side error (read-only replica after failover, OOM, script error) must not become
+            # a 500: it is treated like an outage, and logged because it is not one.
+            log.error("redis error: %s", err)
+            raise StoreUnavailable(f"redis error: {type(err).__name__}") from err
         self._down_until = 0.0
         return result
 
@@ -138,13 +145,14 @@ class RedisStore:
             int(limits.window_s * US),
             "1" if force_lease else "0",
         ]
-        ok, reason, retry_us, lease, reserved = await self._call(self._admit(keys=keys, args=args))
-        why: LimitReason | None = reason or None
+        reply: str = await self._call(self._admit(keys=keys, args=args))
+        ok, reason, retry_us, lease, reserved = reply.split("|")
+        why: LimitReason | None = reason or None  # type: ignore[assignment]
         return AdmitResult(
-            admitted=bool(ok),
+            admitted=ok == "1",
             reason=why,
             retry_after_s=int(retry_us) / US,
-            lease_taken=bool(lease),
+            lease_taken=lease == "1",
             tokens_reserved=int(reserved),
         )
 
