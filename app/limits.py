@@ -144,7 +144,7 @@ _MESSAGES: dict[LimitReason, tuple[str, str, str]] = {
 
 
 def limit_error(reason: LimitReason, tenant_id: str, retry_after_s: float) -> GatewayError:
-    """429 in OpenAI's rate-limit shape, with Retry-After in whole seconds (at least 1)."""
+    """429 in OpenAI's rate-limit shape, Retry-After in whole seconds (at least 1), x-kvgate-limit saying why."""
     type_, code, text = _MESSAGES[reason]
     retry = max(1, math.ceil(retry_after_s))
     return GatewayError(
@@ -152,7 +152,7 @@ def limit_error(reason: LimitReason, tenant_id: str, retry_after_s: float) -> Ga
         f"{text} for tenant {tenant_id}. Please try again in {retry}s.",
         type=type_,
         code=code,
-        headers={"Retry-After": str(retry)},
+        headers={"Retry-After": str(retry), "x-kvgate-limit": f"rejected:{reason}"},
     )
 
 

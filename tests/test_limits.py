@@ -98,6 +98,7 @@ async def test_over_rpm_is_429_rate_limit_exceeded_with_retry_after(any_store: S
     assert err.value.status == 429
     assert (error_of(err.value)["type"], error_of(err.value)["code"]) == ("requests", "rate_limit_exceeded")
     assert int(err.value.headers["Retry-After"]) >= 1
+    assert err.value.headers["x-kvgate-limit"] == "rejected:rpm"
 
 
 async def test_over_tpm_is_429_of_type_tokens(any_store: Store) -> None:
