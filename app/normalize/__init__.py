@@ -4,7 +4,6 @@
 """
 
 from app.normalize.memory import VolatilityMemory
-from app.normalize.observability import MOVED_SPANS_METRIC, moved_span_points, span_attributes
 from app.normalize.placement import BLOCK_CLOSE, BLOCK_OPEN
 from app.normalize.rules import RULES
 from app.normalize.salt import cache_salt_for, salt_for_tenant
@@ -14,13 +13,10 @@ from app.normalize.tools import canonicalize_tools
 __all__ = [
     "BLOCK_CLOSE",
     "BLOCK_OPEN",
-    "MOVED_SPANS_METRIC",
     "RULES",
     "VolatilityMemory",
     "cache_salt_for",
     "canonicalize_tools",
-    "moved_span_points",
     "normalize",
     "salt_for_tenant",
-    "span_attributes",
 ]
