@@ -34,6 +34,7 @@ from app.upstream import (
     RetryableUpstreamError,
     StreamRelay,
     UpstreamReply,
+    create_session,
     forward_headers,
     open_upstream,
     read_complete,
@@ -59,13 +60,14 @@ class Gateway:
     def __init__(
         self,
         cfg: GatewayConfig,
-        session: aiohttp.ClientSession,
         *,
         store: Store | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
         self.cfg = cfg
-        self.session = session
+        # Created in start(): an aiohttp session belongs to the running event loop.
+        self.session: aiohttp.ClientSession = None  # type: ignore[assignment]
+        self.scraper: Scraper | None = None
         self.store = store or create_store(cfg.store)
         self.registry = TenantRegistry(cfg, self.store)
         self.limiter = Limiter(self.store, self.registry, cfg.store.fail_mode)
@@ -73,20 +75,22 @@ class Gateway:
         self.settler = Settler(cfg, self.registry, self.limiter, self.telemetry)
         self.memory = VolatilityMemory(capacity_per_tenant=cfg.normalize.memory_per_tenant)
         self.cluster = ClusterState.from_config(cfg)
-        self.scraper = Scraper(self.cluster, session, cfg.routing)
         self._replicas = {(r.pool, r.url): r for r in self.cluster.replicas()}
         self._rng = random.Random()
         self._background: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
-        """Load tenant keys, start replica probes and the spend flusher."""
+        """Open the upstream session, load tenant keys, start replica probes and the spend flusher."""
+        self.session = create_session(self.cfg.upstream)
+        self.scraper = Scraper(self.cluster, self.session, self.cfg.routing)
         await self.registry.load()
         await self.scraper.start()
         self._background.append(asyncio.create_task(self.limiter.ledger.run(), name="kvgate-spend-flush"))
 
     async def stop(self) -> None:
         """Stop background work, flush what is buffered, close the store and exporters."""
-        await self.scraper.stop()
+        if self.scraper is not None:
+            await self.scraper.stop()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -95,6 +99,8 @@ class Gateway:
             await self.limiter.ledger.flush()
         await self.store.aclose()
         await self.telemetry.shutdown()
+        if self.session is not None:
+            await self.session.close()
 
     def unready_models(self) -> list[str]:
         """Models with no healthy replica in any of their pools."""

@@ -13,11 +13,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.api.admin import admin_router
 from app.api.proxy import InferenceEndpoint
 from app.config import GatewayConfig
 from app.errors import error_body
 from app.pipeline import Gateway
-from app.upstream import create_session
 
 
 class _OrjsonResponse(JSONResponse):
@@ -28,24 +28,25 @@ class _OrjsonResponse(JSONResponse):
 def create_app(cfg: GatewayConfig) -> FastAPI:
     """Build the gateway app; long-lived state is created in the lifespan and kept on app.state."""
 
+    gw = Gateway(cfg)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        session = create_session(cfg.upstream)
-        gateway = Gateway(cfg, session)
-        await gateway.start()
-        app.state.gateway = gateway
+        await gw.start()
         try:
             yield
         finally:
-            await gateway.stop()
-            await session.close()
+            await gw.stop()
 
     app = FastAPI(title="kvgate", version="0.1.0", lifespan=lifespan, default_response_class=_OrjsonResponse)
     started = int(time.time())
 
+    app.state.gateway = gw
+
     def gateway() -> Gateway:
-        gw: Gateway = app.state.gateway
         return gw
+
+    app.include_router(admin_router(gw.registry, gw.store, cfg.auth.admin_keys))
 
     endpoint = InferenceEndpoint(gateway)
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):

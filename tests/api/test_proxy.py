@@ -192,7 +192,7 @@ def test_client_disconnect_aborts_upstream_stream(gateway: str, fake_upstream) -
         for _ in r.iter_raw():
             break
         assert fake.active == 1
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15  # generous: shared, loaded CI machines
     while fake.active and time.monotonic() < deadline:
         time.sleep(0.05)
     assert fake.active == 0
