@@ -1,8 +1,9 @@
 """Two real `kvgate serve` processes sharing one Redis, in front of a `kvgate sim`, driven by the openai SDK.
 
 Pins the issue's end-to-end claims: one RPM limit enforced jointly by both gateways (exactly the
-allowed number of concurrent requests succeed), and spend recorded in Redis equal to the sum of the
-per-response x-kvgate-cost-usd headers to the cent.
+allowed number of concurrent requests succeed); spend recorded in Redis equal to the sum of the
+per-response x-kvgate-cost-usd headers to the cent; and across a Redis restart, a fail_mode "open"
+gateway keeps serving and loses no spend while a fail_mode "closed" one answers 503 until Redis is back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 
@@ -25,9 +27,9 @@ import yaml
 
 from app.sim.testing import running_sim
 from tests.servers import free_port
-from tests.store.redis_fixtures import redis_url
+from tests.store.redis_fixtures import RedisServer, own_redis, redis_url
 
-__all__ = ["redis_url"]
+__all__ = ["own_redis", "redis_url"]
 
 pytestmark = pytest.mark.slow
 
@@ -59,42 +61,58 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("gateway not ready in 60 s")
 
 
+def gateway_config(sim: str, redis: str, prefix: str, fail_mode: str) -> dict[str, object]:
+    """One model on one sim pool; a rate-limited tenant and a spending tenant (limits set, never hit)."""
+    return {
+        "store": {"url": redis, "key_prefix": prefix, "fail_mode": fail_mode},
+        "models": [{"name": "m", "pools": ["main"]}],
+        "pools": {
+            "main": {
+                "role": "interactive",
+                "served_model": "served",
+                "replicas": [sim],
+                "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4},
+            }
+        },
+        "tenants": [
+            {"id": "limited", "api_keys": [LIMITED_KEY], "limits": {"rpm": RPM}},
+            {"id": "spender", "api_keys": [SPENDER_KEY], "limits": {"rpm": 1_000_000}},
+        ],
+        "auth": {"required": True, "admin_keys": [ADMIN_KEY]},
+    }
+
+
+@contextmanager
+def serving(configs: list[dict[str, object]], workdir: Path) -> Iterator[list[str]]:
+    """One `kvgate serve` process per config, each on its own port; yields their base URLs."""
+    ports = [free_port() for _ in configs]
+    procs = []
+    for i, (cfg, port) in enumerate(zip(configs, ports, strict=True)):
+        path = workdir / f"gateway-{i}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        procs.append(start_gateway(path, port))
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for url, proc in zip(urls, procs, strict=True):
+            wait_ready(url, proc)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=15)
+
+
 @pytest.fixture(scope="module")
 def gateways(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Two gateway processes (separate Redis pools, separate caches) sharing one Redis and one sim."""
     prefix = f"kvgate-e2e:{uuid.uuid4().hex[:8]}:"
     with running_sim(model="served", time_scale=50.0, profile="h100-8b") as sim:
-        cfg = {
-            "store": {"url": redis_url, "key_prefix": prefix, "fail_mode": "open"},
-            "models": [{"name": "m", "pools": ["main"]}],
-            "pools": {
-                "main": {
-                    "role": "interactive",
-                    "served_model": "served",
-                    "replicas": [sim],
-                    "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4},
-                }
-            },
-            "tenants": [
-                {"id": "limited", "api_keys": [LIMITED_KEY], "limits": {"rpm": RPM}},
-                {"id": "spender", "api_keys": [SPENDER_KEY]},
-            ],
-            "auth": {"required": True, "admin_keys": [ADMIN_KEY]},
-        }
-        path = tmp_path_factory.mktemp("e2e") / "gateway.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        ports = [free_port(), free_port()]
-        procs = [start_gateway(path, p) for p in ports]
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        cfg = gateway_config(sim, redis_url, prefix, "open")
         try:
-            for url, proc in zip(urls, procs, strict=True):
-                wait_ready(url, proc)
-            yield urls
+            with serving([cfg, cfg], tmp_path_factory.mktemp("e2e")) as urls:
+                yield urls
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=15)
             client = redis.Redis.from_url(redis_url)
             for key in client.scan_iter(match=f"{prefix}*", count=500):
                 client.delete(key)
@@ -156,3 +174,54 @@ async def test_spend_of_1000_mixed_requests_equals_the_sum_of_cost_headers(gatew
     assert total["requests"] == 1000
     assert header_sum > 0
     assert abs(Decimal(total["usd_micros"]) / 1_000_000 - header_sum) < Decimal("0.005")
+
+
+async def spend_requests(sdk: openai.AsyncOpenAI, n: int) -> tuple[Decimal, list[str]]:
+    """n small requests; the sum of their cost headers and their x-kvgate-limit notes."""
+    total, notes = Decimal(0), []
+    for i in range(n):
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "x" * (i % 50 + 1)}], max_tokens=i % 7 + 1
+        )
+        total += Decimal(raw.headers["x-kvgate-cost-usd"])
+        notes.append(raw.headers.get("x-kvgate-limit", ""))
+    return total, notes
+
+
+async def test_redis_restart_fail_open_keeps_serving_and_loses_no_spend_fail_closed_503s(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    prefix = "kvgate:"
+    with running_sim(model="served", time_scale=50.0, profile="h100-8b") as sim:
+        configs = [gateway_config(sim, own_redis.url, prefix, mode) for mode in ("open", "closed")]
+        with serving(configs, tmp_path) as (open_url, closed_url):
+            opened, closed = clients([open_url, closed_url], SPENDER_KEY)
+            before, _ = await spend_requests(opened, 50)
+            own_redis.stop()
+            during, notes = await spend_requests(opened, 50)  # fail open: served, unenforced
+            assert notes == ["unenforced:store_unavailable"] * 50
+            with pytest.raises(openai.InternalServerError) as err:
+                await closed.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            assert err.value.status_code == 503 and err.value.code == "store_unavailable"
+            own_redis.start()  # same port and AOF directory
+            await asyncio.sleep(0.6)  # past the store's fail-fast cool-off
+            after, _ = await spend_requests(opened, 50)
+            for _ in range(20):  # closed mode serves again once Redis answers
+                try:
+                    await closed.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                    break
+                except openai.InternalServerError:
+                    await asyncio.sleep(0.25)
+            else:
+                pytest.fail("fail_mode closed gateway did not recover")
+            await opened.close()
+            await closed.close()
+            admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+            async with httpx.AsyncClient(base_url=open_url, headers=admin) as http:
+                for _ in range(50):  # the buffered 50 are flushed by the gateway's background flusher
+                    total = (await http.get("/admin/tenants/spender/usage?days=1")).json()["total"]
+                    if total["requests"] >= 151:
+                        break
+                    await asyncio.sleep(0.2)
+    assert total["requests"] == 151  # 150 through the open gateway, 1 through the closed one
+    assert abs(Decimal(total["usd_micros"]) / 1_000_000 - (before + during + after)) < Decimal("0.005")
