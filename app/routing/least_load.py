@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from app.routing.hashing import mix64
+from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.policy import Selection
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ class LeastLoad:
         best_r: ReplicaState | None = None
         second_r: ReplicaState | None = None
         for r in candidates:
-            rank = (r.load(), mix64(key ^ r.hash))
+            rank = (r.load(), ((key ^ r.hash) * GOLDEN64) & MASK64)  # ties: rendezvous_score, inlined
             if best is None or rank < best:
                 second, second_r = best, best_r
                 best, best_r = rank, r

@@ -9,7 +9,7 @@ from app.context import ClassDecision, RouteDecision
 from app.errors import upstream_unavailable
 from app.routing.prefix_key import routing_key
 from app.routing.priority import priority_for
-from app.routing.spill import DEFAULT_TUNING, SpillTuning, decide_spill, home_and_other
+from app.routing.spill import DEFAULT_TUNING, SpillTuning, cached_home_and_other, decide_spill, saturation
 from app.routing.state import ClusterState, PoolState
 
 __all__ = ["RouteDecisionDetail", "pick", "routing_key"]
@@ -44,7 +44,7 @@ def pick(
     Raises GatewayError 503 when no replica that may take the request is in rotation.
     """
     route_class = decision.route_class
-    home, other = home_and_other(model, route_class, cluster)
+    home, other = cached_home_and_other(model, route_class, cluster)
     may_leave = other is not None and cfg.allow_spill
     target = home
     candidates = home.candidates(exclude)
@@ -52,9 +52,10 @@ def pick(
     detail = ""
     if may_leave and other is not None:
         if candidates:
-            other_candidates = other.candidates(exclude)
-            if other_candidates:
-                spill = decide_spill(route_class, home, candidates, other, other_candidates, cfg, tuning)
+            why = saturation(home, candidates, tuning)
+            other_candidates = other.candidates(exclude) if why is not None else []
+            if why is not None and other_candidates:
+                spill = decide_spill(route_class, why, other, other_candidates, cfg, tuning)
                 if spill is not None:
                     target, candidates, reason, detail = other, other_candidates, spill.reason, spill.detail
         else:

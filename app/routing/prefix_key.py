@@ -73,16 +73,22 @@ def _chat_head(body: Mapping[str, Any], limit: int) -> str:
     return "\x1e".join(parts)
 
 
-def _prompt_head(prompt: Any, chunks: int) -> str:
-    """Leading text of a completions prompt / embeddings input (str, tokens, or a batch of either)."""
+def _prompt_head(prompt: Any, chunks: int) -> str | bytes:
+    """Leading part of a completions prompt / embeddings input (str, token ids, or a batch of either).
+
+    Text comes back as a string still to be chunk-aligned; token ids come back as final bytes, already
+    cut at a whole number of TOKENS_PER_CHUNK blocks.
+    """
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch: the first prompt decides
     if isinstance(prompt, str):
         return prompt[: chunks * CHUNK_CHARS]
     if isinstance(prompt, list):
         n = min(len(prompt), chunks * TOKENS_PER_CHUNK) // TOKENS_PER_CHUNK * TOKENS_PER_CHUNK
-        # Fixed width per token, so whole token blocks stay whole character chunks.
-        return "".join(format(t & 0xFFFFFFFF, "08x") if isinstance(t, int) else "?" * 8 for t in prompt[:n])
+        try:
+            return orjson.dumps(prompt[:n])
+        except TypeError:  # not JSON-serializable
+            return b""
     return ""
 
 
@@ -91,13 +97,14 @@ def routing_key(
 ) -> int:
     """64-bit key of the block-aligned leading content, mixed with `salt` (tenants never share homes
     unless they share a salt, mirroring vLLM's cache_salt)."""
-    limit = chunks * CHUNK_CHARS
+    head: str | bytes
     if operation == "chat":
-        head = _chat_head(body, limit)
+        head = _chat_head(body, chunks * CHUNK_CHARS)
     else:
         head = _prompt_head(body.get("prompt" if operation == "text_completion" else "input"), chunks)
-    aligned = len(head) // CHUNK_CHARS * CHUNK_CHARS
+    if isinstance(head, str):
+        head = head[: len(head) // CHUNK_CHARS * CHUNK_CHARS].encode("utf-8", "surrogatepass")
     h = blake2b(salt.encode(), digest_size=8)
     h.update(b"\x00")
-    h.update(head[:aligned].encode("utf-8", "surrogatepass"))
+    h.update(head)
     return int.from_bytes(h.digest(), "little")

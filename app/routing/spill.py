@@ -46,16 +46,37 @@ def home_and_other(model: ModelConfig, route_class: RouteClass, cluster: Cluster
     return home, other
 
 
+def cached_home_and_other(model: ModelConfig, route_class: RouteClass, cluster: ClusterState) -> tuple[
+    PoolState, PoolState | None
+]:
+    """home_and_other, memoized on the cluster (pools are fixed for a ClusterState's life)."""
+    memo = cluster.memo
+    k = (model.name, route_class)
+    found = memo.get(k)
+    if found is None:
+        found = memo[k] = home_and_other(model, route_class, cluster)
+    return found
+
+
 def saturation(pool: PoolState, candidates: Sequence[ReplicaState], tuning: SpillTuning) -> str | None:
     """Why the pool counts as saturated (every replica queues, or even the best projected TTFT misses the
     SLO), or None when it is not."""
-    min_waiting = min(r.waiting for r in candidates)
-    if min_waiting >= tuning.waiting_threshold:
-        return f"{pool.name} queues: min waiting {min_waiting} >= {tuning.waiting_threshold}"
+    threshold = tuning.waiting_threshold
+    slo_ms = pool.cfg.ttft_slo_ms
+    all_queue = all_slow = True
+    # Runs on every request: stop at the first replica that is neither queueing nor slow.
+    for r in candidates:
+        if r.waiting < threshold:
+            all_queue = False
+        if r.ttft_ewma_s is None or r.projected_ttft_ms() <= slo_ms:
+            all_slow = False
+        if not (all_queue or all_slow):
+            return None
+    if all_queue:
+        min_waiting = min(r.waiting for r in candidates)
+        return f"{pool.name} queues: min waiting {min_waiting} >= {threshold}"
     best_ttft = min(r.projected_ttft_ms() for r in candidates)
-    if best_ttft > pool.cfg.ttft_slo_ms:
-        return f"{pool.name} projected TTFT {best_ttft:.0f} ms > SLO {pool.cfg.ttft_slo_ms:.0f} ms"
-    return None
+    return f"{pool.name} projected TTFT {best_ttft:.0f} ms > SLO {slo_ms:.0f} ms"
 
 
 def utilization(candidates: Sequence[ReplicaState]) -> float:
@@ -70,17 +91,13 @@ def has_headroom(candidates: Sequence[ReplicaState], tuning: SpillTuning) -> boo
 
 def decide_spill(
     route_class: RouteClass,
-    home: PoolState,
-    home_candidates: Sequence[ReplicaState],
+    why: str,
     other: PoolState,
     other_candidates: Sequence[ReplicaState],
     cfg: RoutingConfig,
     tuning: SpillTuning = DEFAULT_TUNING,
 ) -> Spill | None:
-    """Whether to send this request to `other` instead of its (non-empty) home; None = stay home."""
-    why = saturation(home, home_candidates, tuning)
-    if why is None:
-        return None
+    """Given the home pool is saturated (`why`, from saturation()), may `other` take the request?"""
     if route_class == "interactive":
         if has_headroom(other_candidates, tuning):
             return Spill("spill_interactive_to_bulk", f"{why}; {other.name} has headroom")

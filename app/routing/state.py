@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from app.config import GatewayConfig, PoolConfig
 from app.routing import promtext as m
@@ -200,18 +200,21 @@ class PoolState:
 
     def candidates(self, exclude: frozenset[str] = frozenset()) -> list[ReplicaState]:
         """Replicas in rotation, minus those already tried."""
+        # available(), inlined: this runs on every request.
         if exclude:
-            return [r for r in self.replicas if r.available() and r.url not in exclude]
-        return [r for r in self.replicas if r.available()]
+            return [r for r in self.replicas if r.healthy and r.breaker.allows() and r.url not in exclude]
+        return [r for r in self.replicas if r.healthy and r.breaker.allows()]
 
 
 class ClusterState:
     """All pools by name, built from the config; the one object scrapers write and pick reads."""
 
-    __slots__ = ("pools",)
+    __slots__ = ("memo", "pools")
 
     def __init__(self, pools: dict[str, PoolState]) -> None:
         self.pools = pools
+        # Per-(model, class) lookups that only depend on the config this state was built from.
+        self.memo: dict[Any, Any] = {}
 
     @classmethod
     def from_config(
