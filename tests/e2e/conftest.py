@@ -1,0 +1,41 @@
+"""The real-vLLM tier: the gateway in front of two vLLM-CPU servers (scripts/vllm-cpu.sh)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app.config import parse_config
+from tests.conftest import running_gateway
+from tests.e2e.vllm_stack import ensure_vllm_stack
+
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def vllm_urls() -> dict[str, str]:
+    """Base URLs of the fast and bulk vLLM servers (started once, reused)."""
+    return ensure_vllm_stack()
+
+
+@pytest.fixture(scope="session")
+def e2e_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
+    """kvgate in front of both servers, anonymous, normalization on."""
+    price = {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 140}
+    cfg = parse_config(
+        {
+            "models": [{"name": MODEL, "pools": ["fast", "bulk"]}],
+            "pools": {
+                "fast": {"role": "interactive", "served_model": MODEL, "replicas": [vllm_urls["fast"]], "price": price},
+                "bulk": {"role": "bulk", "served_model": MODEL, "replicas": [vllm_urls["bulk"]], "price": price},
+            },
+            "tenants": [{"id": "anonymous", "normalize": "on"}],
+            "auth": {"required": False},
+            "upstream": {"read_timeout_s": 300},
+            "routing": {"allow_spill": False},
+        },
+        env={},
+    )
+    with running_gateway(cfg) as url:
+        yield url
