@@ -1,4 +1,4 @@
-"""Every metric the gateway emits: OTel name, unit, buckets — one table the exporters and dashboards share.
+"""Every metric the gateway emits: OTel name, unit, labels, buckets — one table exporters and dashboards share.
 
 Prometheus names follow from these (dots → underscores, unit `s` → `_seconds`, `usd` appended, `{…}`
 dropped, counters get `_total`); `PROMETHEUS_NAMES` states the expected result and the tests hold the
@@ -7,21 +7,7 @@ exporter to it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-
-from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """Name, unit, description and (for histograms) bucket boundaries of one instrument."""
-
-    name: str
-    unit: str
-    description: str
-    buckets: tuple[float, ...] | None = None
-
+from app.telemetry.aggregate import MetricSpec, MetricStore, Observe
 
 # Bucket boundaries of the GenAI semantic conventions (v1.41).
 TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))  # 1 … 67108864
@@ -34,26 +20,57 @@ OVERHEAD_BUCKETS = (
     0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip
 
-TENANT_COST = MetricSpec("gateway.tenant.cost", "usd", "USD charged to tenants at their pool's prices")
+_GENAI = ("gen_ai.operation.name", "gen_ai.request.model")
+
+TENANT_COST = MetricSpec(
+    "gateway.tenant.cost", "usd", "USD charged to tenants at their pool's prices", ("tenant", "pool")
+)
 TENANT_SAVINGS = MetricSpec(
-    "gateway.tenant.savings", "usd", "USD saved against the tenant's reference price (requests that saved)"
+    "gateway.tenant.savings", "usd", "USD saved against the tenant's reference price (requests that saved)",
+    ("tenant", "pool"),
+)  # fmt: skip
+POOL_IDLE_COST = MetricSpec(
+    "gateway.pool.idle_cost", "usd", "Pool GPU USD not covered by charges (monotone)", ("pool",)
 )
-POOL_IDLE_COST = MetricSpec("gateway.pool.idle_cost", "usd", "Pool GPU USD not covered by charges (high-water)")
-POOL_GPU_COST = MetricSpec("gateway.pool.gpu_cost", "usd", "Pool GPU USD since this gateway started")
-TENANT_TOKENS = MetricSpec("gateway.tenant.tokens", "{token}", "Tokens by tenant, pool and type")
-REQUESTS = MetricSpec("gateway.requests", "{request}", "Requests by tenant, pool, class and HTTP status")
-RATE_LIMITED = MetricSpec("gateway.rate_limited", "{request}", "Requests over a limit, by limit and action")
-ROUTE_DECISIONS = MetricSpec("gateway.route.decisions", "{decision}", "Routing decisions by pool and reason")
-NORMALIZE_MOVED = MetricSpec("gateway.normalize.moved_spans", "{span}", "Volatile spans moved, by rule")
-OVERHEAD = MetricSpec("gateway.overhead", "s", "Gateway time per request excluding upstream", OVERHEAD_BUCKETS)
-TOKEN_USAGE = MetricSpec("gen_ai.client.token.usage", "{token}", "Tokens per upstream call", TOKEN_BUCKETS)
+POOL_GPU_COST = MetricSpec("gateway.pool.gpu_cost", "usd", "Pool GPU USD since this gateway started", ("pool",))
+TENANT_TOKENS = MetricSpec(
+    "gateway.tenant.tokens", "{token}", "Tokens by tenant, pool and type (uncached/cached/output)",
+    ("tenant", "pool", "type"),
+)  # fmt: skip
+REQUESTS = MetricSpec(
+    "gateway.requests", "{request}", "Requests by tenant, pool, class and HTTP status",
+    ("tenant", "pool", "class", "status"),
+)  # fmt: skip
+RATE_LIMITED = MetricSpec(
+    "gateway.rate_limited", "{request}", "Requests over a limit, by limit and action", ("tenant", "limit", "action")
+)
+ROUTE_DECISIONS = MetricSpec(
+    "gateway.route.decisions", "{decision}", "Routing decisions by pool, class, policy and reason",
+    ("pool", "class", "policy", "reason"),
+)  # fmt: skip
+NORMALIZE_MOVED = MetricSpec(
+    "gateway.normalize.moved_spans", "{span}", "Volatile spans moved to the tail, by rule", ("rule", "tenant")
+)
+OVERHEAD = MetricSpec(
+    "gateway.overhead", "s", "Gateway time per request excluding upstream time", ("pool", "stream"),
+    OVERHEAD_BUCKETS,
+)  # fmt: skip
+TOKEN_USAGE = MetricSpec(
+    "gen_ai.client.token.usage", "{token}", "Tokens per upstream call",
+    ("gen_ai.token.type", *_GENAI, "gen_ai.provider.name", "kvgate.pool", "kvgate.tenant"), TOKEN_BUCKETS,
+)  # fmt: skip
 OPERATION_DURATION = MetricSpec(
-    "gen_ai.client.operation.duration", "s", "Upstream call duration", DURATION_BUCKETS
-)
-TIME_TO_FIRST_TOKEN = MetricSpec("gen_ai.server.time_to_first_token", "s", "Time to first token", TTFT_BUCKETS)
+    "gen_ai.client.operation.duration", "s", "Upstream call duration",
+    (*_GENAI, "gen_ai.provider.name", "error.type", "kvgate.pool", "kvgate.class"), DURATION_BUCKETS,
+)  # fmt: skip
+TIME_TO_FIRST_TOKEN = MetricSpec(
+    "gen_ai.server.time_to_first_token", "s", "Time to first token (streams)",
+    (*_GENAI, "kvgate.pool", "kvgate.class"), TTFT_BUCKETS,
+)  # fmt: skip
 TIME_PER_OUTPUT_TOKEN = MetricSpec(
-    "gen_ai.server.time_per_output_token", "s", "Time per output token after the first", TPOT_BUCKETS
-)
+    "gen_ai.server.time_per_output_token", "s", "Time per output token after the first (streams)",
+    (*_GENAI, "kvgate.pool", "kvgate.class"), TPOT_BUCKETS,
+)  # fmt: skip
 
 ALL_METRICS = (
     TENANT_COST, TENANT_SAVINGS, POOL_IDLE_COST, POOL_GPU_COST, TENANT_TOKENS, REQUESTS, RATE_LIMITED,
@@ -79,43 +96,22 @@ PROMETHEUS_NAMES = {
     TIME_PER_OUTPUT_TOKEN.name: "gen_ai_server_time_per_output_token_seconds",
 }
 
-ObservableCallback = Callable[[CallbackOptions], Iterable[Observation]]
-
-
-def _counter(meter: Meter, spec: MetricSpec) -> Counter:
-    return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
-
-
-def _histogram(meter: Meter, spec: MetricSpec) -> Histogram:
-    return meter.create_histogram(
-        spec.name,
-        unit=spec.unit,
-        description=spec.description,
-        explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
-    )
-
 
 class Instruments:
-    """The instruments, created once per MeterProvider (never per request)."""
+    """The metrics, registered once in a store (never per request); label values go in spec order."""
 
-    def __init__(self, meter: Meter, idle_cost: ObservableCallback, gpu_cost: ObservableCallback) -> None:
-        self.tenant_cost = _counter(meter, TENANT_COST)
-        self.tenant_savings = _counter(meter, TENANT_SAVINGS)
-        self.tenant_tokens = _counter(meter, TENANT_TOKENS)
-        self.requests = _counter(meter, REQUESTS)
-        self.rate_limited = _counter(meter, RATE_LIMITED)
-        self.route_decisions = _counter(meter, ROUTE_DECISIONS)
-        self.normalize_moved = _counter(meter, NORMALIZE_MOVED)
-        self.overhead = _histogram(meter, OVERHEAD)
-        self.token_usage = _histogram(meter, TOKEN_USAGE)
-        self.operation_duration = _histogram(meter, OPERATION_DURATION)
-        self.time_to_first_token = _histogram(meter, TIME_TO_FIRST_TOKEN)
-        self.time_per_output_token = _histogram(meter, TIME_PER_OUTPUT_TOKEN)
-        meter.create_observable_counter(
-            POOL_IDLE_COST.name, callbacks=[idle_cost], unit=POOL_IDLE_COST.unit,
-            description=POOL_IDLE_COST.description,
-        )  # fmt: skip
-        meter.create_observable_counter(
-            POOL_GPU_COST.name, callbacks=[gpu_cost], unit=POOL_GPU_COST.unit,
-            description=POOL_GPU_COST.description,
-        )  # fmt: skip
+    def __init__(self, store: MetricStore, idle_cost: Observe, gpu_cost: Observe) -> None:
+        self.tenant_cost = store.counter(TENANT_COST)
+        self.tenant_savings = store.counter(TENANT_SAVINGS)
+        self.tenant_tokens = store.counter(TENANT_TOKENS)
+        self.requests = store.counter(REQUESTS)
+        self.rate_limited = store.counter(RATE_LIMITED)
+        self.route_decisions = store.counter(ROUTE_DECISIONS)
+        self.normalize_moved = store.counter(NORMALIZE_MOVED)
+        self.overhead = store.histogram(OVERHEAD)
+        self.token_usage = store.histogram(TOKEN_USAGE)
+        self.operation_duration = store.histogram(OPERATION_DURATION)
+        self.time_to_first_token = store.histogram(TIME_TO_FIRST_TOKEN)
+        self.time_per_output_token = store.histogram(TIME_PER_OUTPUT_TOKEN)
+        store.observed_counter(POOL_IDLE_COST, idle_cost)
+        store.observed_counter(POOL_GPU_COST, gpu_cost)

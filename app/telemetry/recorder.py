@@ -1,8 +1,9 @@
 """The settle stage's telemetry: a SERVER span per inbound request, a CLIENT span per upstream call, metrics.
 
 One Telemetry object per app (created by the app factory). Spans in flight are kept by request id between
-`request_started` and `settle`/`record_rejected`. Attribute dicts for metrics are built once per distinct
-label set and reused, so a settled request allocates little beyond its two spans.
+`request_started` and `settle`/`record_rejected`. Metrics go to a MetricStore (a dict update per metric,
+see aggregate.py) that every OTel reader collects from. With no span consumer configured (OTLP off, no
+exporter injected) no spans are built at all; an inbound traceparent is still passed on to vLLM.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
@@ -24,31 +25,19 @@ from app.config import PoolConfig, TelemetryConfig
 from app.context import RequestContext
 from app.cost import IdleCostMeter, gpu_cost_per_s
 from app.telemetry import spans as sp
+from app.telemetry.aggregate import MetricStore
 from app.telemetry.headers import overhead_s
 from app.telemetry.instruments import Instruments
 from app.telemetry.prometheus import render
-from app.telemetry.setup import build_providers
+from app.telemetry.setup import build_providers, merge_store
 
 _log = logging.getLogger(__name__)
 
 LIMIT_NAMES = frozenset({"rpm", "tpm", "concurrent", "budget"})
 _UNKNOWN_TENANT = "unknown"
-# Bounds on per-process bookkeeping: label sets are few in practice, open requests bounded by concurrency;
-# the caps only matter if a caller forgets to settle or label values run wild.
-_MAX_BOUND_ATTRS = 50_000
+# Open requests are bounded by concurrency; the cap only matters if a caller forgets to settle.
 _MAX_OPEN = 100_000
-
-_REQ_KEYS = ("tenant", "pool", "class", "status")
-_REJ_KEYS = ("tenant", "status")
-_ROUTE_KEYS = ("pool", "class", "policy", "reason")
-_TENANT_POOL_KEYS = ("tenant", "pool")
-_TOKENS_KEYS = ("tenant", "pool", "type")
-_LIMITED_KEYS = ("tenant", "limit", "action")
-_MOVED_KEYS = ("rule", "tenant")
-_OVERHEAD_KEYS = ("pool", "stream")
-_TOKEN_USAGE_KEYS = (sp.TOKEN_TYPE, sp.OPERATION_NAME, sp.REQUEST_MODEL, sp.PROVIDER, sp.KV_POOL, sp.KV_TENANT)
-_DURATION_KEYS = (sp.OPERATION_NAME, sp.REQUEST_MODEL, sp.PROVIDER, sp.KV_POOL, sp.KV_CLASS, sp.ERROR_TYPE)
-_SERVER_TIME_KEYS = (sp.OPERATION_NAME, sp.REQUEST_MODEL, sp.KV_POOL, sp.KV_CLASS)
+_TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 class _Open:
@@ -74,6 +63,7 @@ class Telemetry:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._providers = build_providers(cfg, span_exporter=span_exporter, metric_readers=metric_readers)
+        self._tracing = self._providers.tracing
         self._tracer = self._providers.tracer_provider.get_tracer("kvgate")
         self._served_model = {name: pool.served_model for name, pool in pools.items()}
         self.idle_meters: dict[str, IdleCostMeter] = {}
@@ -82,18 +72,26 @@ class Telemetry:
             if rate is not None:
                 self.idle_meters[name] = IdleCostMeter(rate, clock)
         self._pool_attrs = {name: {"pool": name} for name in self.idle_meters}
-        meter = self._providers.meter_provider.get_meter("kvgate")
-        self._inst = Instruments(meter, self._observe_idle, self._observe_gpu)
+        self._store = MetricStore()
+        self._inst = Instruments(self._store, self._observe_idle, self._observe_gpu)
+        start_ns = time.time_ns()
+        merge_store(self._providers, lambda: self._store.collect(start_ns, time.time_ns()))
         self._propagator = TraceContextTextMapPropagator()
         self._open: dict[str, _Open] = {}
-        self._bound: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._addresses: dict[str, tuple[str, int]] = {}
         self._closed = False
+
+    @property
+    def meter(self) -> Meter:
+        """An OTel Meter whose instruments export alongside the gateway's (for low-rate, off-path metrics)."""
+        return self._providers.meter_provider.get_meter("kvgate.extra")
 
     # ---- request lifecycle -------------------------------------------------------------------------
 
     def request_started(self, ctx: RequestContext) -> None:
         """Open the SERVER span, continuing the caller's trace when it sent a traceparent."""
+        if not self._tracing:
+            return
         try:
             parent: Context | None = None
             if "traceparent" in ctx.headers:
@@ -110,6 +108,13 @@ class Telemetry:
 
     def upstream_started(self, ctx: RequestContext, headers: dict[str, str]) -> None:
         """Open a CLIENT span `{op} {model}` under the SERVER span; write traceparent into `headers`."""
+        if not self._tracing:
+            # No spans of ours: vLLM still joins the caller's trace, if there is one.
+            for name in _TRACE_HEADERS:
+                value = ctx.headers.get(name)
+                if value is not None:
+                    headers[name] = value
+            return
         try:
             open_ = self._open.get(ctx.request_id)
             if open_ is None:
@@ -155,9 +160,10 @@ class Telemetry:
         open_ = self._open.pop(ctx.request_id, None)
         try:
             tenant = ctx.tenant.id if ctx.tenant is not None else _UNKNOWN_TENANT
-            self._inst.requests.add(1, self._bind(("rej", tenant, str(status)), _REJ_KEYS))
-            if status == 429 and reason in LIMIT_NAMES:
-                self.record_limited(ctx, reason, "reject")
+            with self._store.lock:
+                self._inst.requests.add((tenant, None, None, str(status)), 1)
+                if status == 429 and reason in LIMIT_NAMES:
+                    self._inst.rate_limited.add((tenant, reason, "reject"), 1)
             if open_ is not None and open_.server is not None:
                 span = open_.server
                 span.set_attribute(sp.HTTP_STATUS, status)
@@ -177,7 +183,8 @@ class Telemetry:
         """A request over a limit (`rpm|tpm|concurrent|budget`), rejected or degraded (`reject|degrade`)."""
         try:
             tenant = ctx.tenant.id if ctx.tenant is not None else _UNKNOWN_TENANT
-            self._inst.rate_limited.add(1, self._bind(("lim", tenant, limit, action), _LIMITED_KEYS))
+            with self._store.lock:
+                self._inst.rate_limited.add((tenant, limit, action), 1)
         except Exception:
             _log.warning("telemetry: record_limited failed", exc_info=True)
 
@@ -187,11 +194,11 @@ class Telemetry:
         """The /metrics body and its content type (same instruments the OTLP exporter sends)."""
         return render(self._providers.prometheus_registry)
 
-    def force_flush(self, timeout_s: float = 5.0) -> bool:
-        """Export pending spans and an OTLP metrics snapshot now (blocking; tests and shutdown)."""
+    def force_flush(self, timeout_s: float = 5.0, *, metrics: bool = True) -> bool:
+        """Export pending spans and (unless `metrics` is False) an OTLP metrics snapshot now (blocking)."""
         ok = self._providers.tracer_provider.force_flush(int(timeout_s * 1000))
         reader = self._providers.otlp_metric_reader
-        if reader is not None:
+        if metrics and reader is not None:
             ok = reader.force_flush(timeout_s * 1000) and ok
         return ok
 
@@ -211,16 +218,6 @@ class Telemetry:
 
     # ---- internals ---------------------------------------------------------------------------------
 
-    def _bind(self, key: tuple[Any, ...], names: tuple[str, ...]) -> dict[str, Any]:
-        """The attribute dict for a label set (key[0] tags the metric), built once; None values omitted."""
-        attrs = self._bound.get(key)
-        if attrs is None:
-            if len(self._bound) >= _MAX_BOUND_ATTRS:
-                self._bound.clear()
-            attrs = {n: v for n, v in zip(names, key[1:], strict=True) if v is not None}
-            self._bound[key] = attrs
-        return attrs
-
     def _address(self, replica: str) -> tuple[str, int]:
         addr = self._addresses.get(replica)
         if addr is None:
@@ -232,15 +229,14 @@ class Telemetry:
         request_id = next(iter(self._open))
         _end_open(self._open.pop(request_id))
 
-    def _observe_idle(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(m.idle_cost(), self._pool_attrs[p]) for p, m in self.idle_meters.items()]
+    def _observe_idle(self) -> list[tuple[dict[str, Any], float]]:
+        return [(self._pool_attrs[p], m.idle_cost()) for p, m in self.idle_meters.items()]
 
-    def _observe_gpu(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(m.gpu_cost(), self._pool_attrs[p]) for p, m in self.idle_meters.items()]
+    def _observe_gpu(self) -> list[tuple[dict[str, Any], float]]:
+        return [(self._pool_attrs[p], m.gpu_cost()) for p, m in self.idle_meters.items()]
 
     def _record_metrics(self, ctx: RequestContext) -> None:
         inst = self._inst
-        bind = self._bind
         tenant = ctx.tenant.id if ctx.tenant is not None else _UNKNOWN_TENANT
         route = ctx.route
         pool = route.pool if route is not None else None
@@ -248,62 +244,63 @@ class Telemetry:
         timing = ctx.timing
         end = timing.end or time.perf_counter()
         err = sp.error_type(ctx)
-
-        inst.requests.add(1, bind(("req", tenant, pool, rclass, str(ctx.status)), _REQ_KEYS))
-        if timing.start:
-            inst.overhead.record(
-                overhead_s(timing, end), bind(("ovh", pool, "true" if ctx.stream else "false"), _OVERHEAD_KEYS)
-            )
-        report = ctx.normalize_report
-        if report is not None:
-            for rule, n in report.moved.items():
-                if n > 0:
-                    inst.normalize_moved.add(n, bind(("mov", rule, tenant), _MOVED_KEYS))
-        if route is None or pool is None:
-            return
-
-        inst.route_decisions.add(1, bind(("rte", pool, rclass, route.policy, route.reason), _ROUTE_KEYS))
         usage = ctx.usage
-        uncached, cached, output = usage.uncached_tokens, usage.cached_tokens, usage.completion_tokens
-        if uncached:
-            inst.tenant_tokens.add(uncached, bind(("tok", tenant, pool, "uncached"), _TOKENS_KEYS))
-        if cached:
-            inst.tenant_tokens.add(cached, bind(("tok", tenant, pool, "cached"), _TOKENS_KEYS))
-        if output:
-            inst.tenant_tokens.add(output, bind(("tok", tenant, pool, "output"), _TOKENS_KEYS))
-        tenant_pool = bind(("tp", tenant, pool), _TENANT_POOL_KEYS)
-        if ctx.cost_usd > 0.0:
-            inst.tenant_cost.add(ctx.cost_usd, tenant_pool)
-            idle = self.idle_meters.get(pool)
+        report = ctx.normalize_report
+        charge = 0.0
+        with self._store.lock:
+            inst.requests.add((tenant, pool, rclass, str(ctx.status)), 1)
+            if timing.start:
+                inst.overhead.record((pool, "true" if ctx.stream else "false"), overhead_s(timing, end))
+            if report is not None:
+                for rule, n in report.moved.items():
+                    if n > 0:
+                        inst.normalize_moved.add((rule, tenant), n)
+            if route is not None and pool is not None:
+                inst.route_decisions.add((pool, rclass, route.policy, route.reason), 1)
+                uncached, cached, output = usage.uncached_tokens, usage.cached_tokens, usage.completion_tokens
+                if uncached:
+                    inst.tenant_tokens.add((tenant, pool, "uncached"), uncached)
+                if cached:
+                    inst.tenant_tokens.add((tenant, pool, "cached"), cached)
+                if output:
+                    inst.tenant_tokens.add((tenant, pool, "output"), output)
+                if ctx.cost_usd > 0.0:
+                    inst.tenant_cost.add((tenant, pool), ctx.cost_usd)
+                    charge = ctx.cost_usd
+                # A counter cannot go down: requests that cost more than the reference add nothing (the span
+                # keeps the signed figure).
+                if ctx.savings_usd > 0.0:
+                    inst.tenant_savings.add((tenant, pool), ctx.savings_usd)
+                if timing.upstream_start:
+                    self._record_genai(ctx, pool, rclass, tenant, err, end)
+        if charge:
+            idle = self.idle_meters.get(pool or "")
             if idle is not None:
-                idle.charge(ctx.cost_usd)
-        # A counter cannot go down: requests that cost more than the reference add nothing (the span keeps
-        # the signed figure).
-        if ctx.savings_usd > 0.0:
-            inst.tenant_savings.add(ctx.savings_usd, tenant_pool)
+                idle.charge(charge)
 
-        if not timing.upstream_start:
-            return
+    def _record_genai(
+        self, ctx: RequestContext, pool: str, rclass: str | None, tenant: str, err: str | None, end: float
+    ) -> None:
+        """GenAI client/server histograms of one upstream call; the caller holds the store lock."""
+        inst = self._inst
+        timing = ctx.timing
+        usage = ctx.usage
         op = ctx.operation
         model = self._served_model.get(pool, ctx.model)
         provider = sp.PROVIDER_NAME
         inst.operation_duration.record(
-            max(end - timing.upstream_start, 0.0),
-            bind(("dur", op, model, provider, pool, rclass, err), _DURATION_KEYS),
+            (op, model, provider, err, pool, rclass), max(end - timing.upstream_start, 0.0)
         )
-        if usage.prompt_tokens or usage.completion_tokens:
-            inst.token_usage.record(
-                usage.prompt_tokens, bind(("tu", "input", op, model, provider, pool, tenant), _TOKEN_USAGE_KEYS)
-            )
-            inst.token_usage.record(
-                output, bind(("tu", "output", op, model, provider, pool, tenant), _TOKEN_USAGE_KEYS)
-            )
+        output = usage.completion_tokens
+        if usage.prompt_tokens or output:
+            inst.token_usage.record(("input", op, model, provider, pool, tenant), usage.prompt_tokens)
+            inst.token_usage.record(("output", op, model, provider, pool, tenant), output)
         # Token timings exist only where tokens were observed arriving one by one: successful streams.
         if ctx.stream and err is None and timing.first_token:
-            server_attrs = bind(("srv", op, model, pool, rclass), _SERVER_TIME_KEYS)
-            inst.time_to_first_token.record(max(timing.first_token - timing.upstream_start, 0.0), server_attrs)
+            key = (op, model, pool, rclass)
+            inst.time_to_first_token.record(key, max(timing.first_token - timing.upstream_start, 0.0))
             if output > 1:
-                inst.time_per_output_token.record(max(end - timing.first_token, 0.0) / (output - 1), server_attrs)
+                inst.time_per_output_token.record(key, max(end - timing.first_token, 0.0) / (output - 1))
 
     def _end_spans(self, ctx: RequestContext, open_: _Open) -> None:
         err = sp.error_type(ctx)
@@ -311,14 +308,16 @@ class Telemetry:
             route = ctx.route
             served = self._served_model.get(route.pool, ctx.model) if route is not None else ctx.model
             client = open_.client
-            client.set_attributes(sp.client_end_attributes(ctx, served))
-            if err is not None:
-                client.set_status(Status(StatusCode.ERROR))
+            # Sampled-out spans (OTEL_TRACES_SAMPLER) skip the attribute work.
+            if client.is_recording():
+                client.set_attributes(sp.client_end_attributes(ctx, served))
+                if err is not None:
+                    client.set_status(Status(StatusCode.ERROR))
             client.end()
         server = open_.server
-        if server is not None:
-            attrs = sp.gateway_attributes(ctx)
-            attrs[sp.HTTP_STATUS] = ctx.status
+        if server is not None and server.is_recording():
+            # The CLIENT span carries the full kvgate.* set; the SERVER span just what finds a request.
+            attrs = sp.server_end_attributes(ctx)
             if ctx.timing.start:
                 attrs[sp.KV_OVERHEAD_MS] = overhead_s(ctx.timing) * 1000.0
             # HTTP server spans are errors on 5xx only; a 4xx is the client's mistake.

@@ -129,8 +129,11 @@ def gateway_attributes(ctx: RequestContext) -> dict[str, Any]:
         attrs[KV_REPLICA] = route.replica
         attrs[KV_ROUTE_REASON] = route.reason
         attrs[KV_ROUTE_POLICY] = route.policy
-        attrs[KV_ROUTE_SPILLED] = route.spilled
-        attrs[KV_ROUTE_ATTEMPT] = route.attempt
+        # Span attributes cost a few µs each in the SDK: the usual values are left out.
+        if route.spilled:
+            attrs[KV_ROUTE_SPILLED] = True
+        if route.attempt > 1:
+            attrs[KV_ROUTE_ATTEMPT] = route.attempt
     if ctx.route_class is not None:
         attrs[KV_CLASS] = ctx.route_class.route_class
         attrs[KV_CLASS_REASON] = ctx.route_class.reason
@@ -139,8 +142,10 @@ def gateway_attributes(ctx: RequestContext) -> dict[str, Any]:
         attrs[KV_NORMALIZE_MODE] = report.mode
         attrs[KV_NORMALIZE_MOVED] = report.moved_total
         attrs[KV_NORMALIZE_APPLIED] = report.applied
-        attrs[KV_NORMALIZE_TOOLS] = report.tools_canonicalized
-        attrs[KV_NORMALIZE_DATE_PINNED] = report.date_pinned
+        if report.tools_canonicalized:
+            attrs[KV_NORMALIZE_TOOLS] = report.tools_canonicalized
+        if report.date_pinned:
+            attrs[KV_NORMALIZE_DATE_PINNED] = True
         if report.moved:
             attrs[KV_NORMALIZE_RULES] = [f"{rule}:{n}" for rule, n in sorted(report.moved.items())]
     return attrs
@@ -162,6 +167,16 @@ def client_end_attributes(ctx: RequestContext, served_model: str) -> dict[str, A
     err = error_type(ctx)
     if err is not None:
         attrs[ERROR_TYPE] = err
+    return attrs
+
+
+def server_end_attributes(ctx: RequestContext) -> dict[str, Any]:
+    """What finds a request among SERVER spans: status, tenant, pool, cost (the CLIENT span has the rest)."""
+    attrs: dict[str, Any] = {HTTP_STATUS: ctx.status, KV_COST: ctx.cost_usd}
+    if ctx.tenant is not None:
+        attrs[KV_TENANT] = ctx.tenant.id
+    if ctx.route is not None:
+        attrs[KV_POOL] = ctx.route.pool
     return attrs
 
 

@@ -6,12 +6,15 @@ import logging
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, Metric, NumberDataPoint
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Metric, NumberDataPoint
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from app.config import TelemetryConfig
 from app.context import RequestContext
 from app.cost import gpu_cost_per_s
+from app.telemetry import Telemetry
 from app.telemetry import instruments as ins
 from app.telemetry import spans as sp
 from app.telemetry.headers import overhead_s
@@ -315,3 +318,24 @@ def test_span_attribute_keys_are_namespaced() -> None:
     keys = [v for k, v in vars(sp).items() if k.isupper() and isinstance(v, str) and "." in v]
     assert keys
     assert all(k.split(".")[0] in {"gen_ai", "kvgate", "server", "error", "http", "url"} for k in keys)
+
+
+def test_without_a_span_consumer_no_spans_but_inbound_trace_is_passed_on() -> None:
+    reader = InMemoryMetricReader()
+    tel = Telemetry(TelemetryConfig(), POOLS, metric_readers=[reader])
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = run_request(tel, make_ctx(headers={"traceparent": parent, "tracestate": "k=v"}))
+    assert traced == {"traceparent": parent, "tracestate": "k=v"}
+    assert run_request(tel, make_ctx()) == {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert ins.REQUESTS.name in names
+
+
+def test_sampled_out_requests_export_no_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    exporter = InMemorySpanExporter()
+    tel = Telemetry(TelemetryConfig(), POOLS, span_exporter=exporter)
+    run_request(tel, make_ctx())
+    assert exporter.get_finished_spans() == ()
