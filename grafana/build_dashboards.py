@@ -18,12 +18,13 @@ OUT_DIR = Path(__file__).resolve().parent / "dashboards"
 SCHEMA_VERSION = 39
 
 # Label selectors shared by the queries. The gateway's own counters label tenant/pool; the GenAI
-# histograms carry them as kvgate_tenant/kvgate_pool/kvgate_class; vLLM series get `pool` from the
+# histograms carry them as kvgate_pool/kvgate_class; vLLM series get `pool` from the
 # Prometheus scrape config (config/prometheus.yml).
 T = 'tenant=~"$tenant"'
 P = 'pool=~"$pool"'
 TP = f"{T}, {P}"
-GENAI = 'kvgate_tenant=~"$tenant", kvgate_pool=~"$pool"'
+# The GenAI latency histograms carry pool and class but not tenant (bounded cardinality).
+GENAI = 'kvgate_pool=~"$pool"'
 RI = "$__rate_interval"
 
 
@@ -577,7 +578,6 @@ COST = Dashboard(
                     (Target(f"sum by (status) (rate(gateway_requests_total{{{TP}}}[{RI}]))", "{{status}}"),),
                     unit="reqps",
                     stack=True,
-                    width=8,
                     description="Requests per second by HTTP status.",
                 ),
                 Panel(
@@ -585,21 +585,31 @@ COST = Dashboard(
                     "timeseries",
                     (
                         Target(
-                            f'sum by (tenant, limit) (rate(gateway_rate_limited_total{{{T}, action="reject"}}[{RI}]))',
-                            "{{tenant}} {{limit}}",
+                            f'sum by (tenant) (rate(gateway_requests_total{{{T}, status="429"}}[{RI}]))',
+                            "{{tenant}}",
                         ),
                     ),
                     unit="reqps",
-                    width=8,
-                    description="Requests rejected with 429, by tenant and the limit hit (rpm, tpm, "
-                    "concurrency, budget).",
+                    description="Requests the gateway answered with 429 (rate limit or budget), by tenant.",
+                ),
+                Panel(
+                    "Limit hits by tenant and limit",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (tenant, limit, action) (rate(gateway_rate_limited_total{{{T}}}[{RI}]))",
+                            "{{tenant}} {{limit}} {{action}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    description="Requests over a limit (rpm, tpm, concurrent, budget), rejected with 429 or "
+                    "degraded to bulk with capped max_tokens.",
                 ),
                 Panel(
                     "Volatile spans moved by rule",
                     "timeseries",
                     (Target(f"sum by (rule) (rate(gateway_normalize_moved_spans_total{{{T}}}[{RI}]))", "{{rule}}"),),
                     unit="short",
-                    width=8,
                     description="Prompt normalization: volatile spans (timestamps, ids …) moved out of the "
                     "cacheable prefix, per second, by rule.",
                 ),

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import Histogram, InMemoryMetricReader, Sum
 
 from app.config import GatewayConfig, parse_config
 from app.telemetry import instruments as inst
@@ -316,39 +314,57 @@ def _datasources(path: Any) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _sdk_metrics() -> dict[str, tuple[str, str]]:
-    """OTel name → (unit, kind) as the gateway's instruments reach an exporter (what OTLP carries)."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("kvgate")
-    instruments = inst.Instruments(meter, idle_cost=lambda _: [], gpu_cost=lambda _: [])
-    attrs = {"tenant": "t", "pool": "p"}
-    for value in vars(instruments).values():
-        if hasattr(value, "add"):
-            value.add(1, attrs)
-        elif hasattr(value, "record"):
-            value.record(1.0, attrs)
-    data = reader.get_metrics_data()
-    assert data is not None
-    out = {}
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                kind = "histogram" if isinstance(m.data, Histogram) else "gauge"
-                if isinstance(m.data, Sum) and m.data.is_monotonic:
-                    kind = "counter"
-                out[m.name] = (m.unit or "", kind)
-    return out
+def _kind(spec: Any) -> str:
+    # Every gateway metric is a monotone counter or a histogram (observed counters included).
+    return "histogram" if spec.buckets is not None else "counter"
 
 
 def test_collector_names_of_gateway_metrics_are_the_names_the_gateway_states() -> None:
-    sdk = _sdk_metrics()
-    observable = {inst.POOL_IDLE_COST.name, inst.POOL_GPU_COST.name}  # callbacks return nothing here
     for spec in inst.ALL_METRICS:
-        if spec.name in observable:
-            unit, kind = spec.unit, "counter"  # created with create_observable_counter
+        assert prometheus_name(spec.name, spec.unit, _kind(spec)) == inst.PROMETHEUS_NAMES[spec.name]
+
+
+def _label(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9]", "_", name)
+
+
+# Labels every scraped series may carry besides its own: target labels and the OTel scope.
+_COMMON_LABELS = {"job", "instance", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"}
+_VLLM_LABELS = {"model_name", "engine", "pool", "le", "finished_reason", "position"}
+
+
+def _allowed_labels() -> dict[str, set[str]]:
+    """Prometheus series name → label names it can carry."""
+    out: dict[str, set[str]] = {}
+    for spec in inst.ALL_METRICS:
+        labels = {_label(n) for n in getattr(spec, "labels", ())} | _COMMON_LABELS
+        family = inst.PROMETHEUS_NAMES[spec.name]
+        if spec.buckets is not None:
+            out |= {f"{family}_bucket": labels | {"le"}, f"{family}_sum": labels, f"{family}_count": labels}
         else:
-            unit, kind = sdk[spec.name]
-        assert prometheus_name(spec.name, unit, kind) == inst.PROMETHEUS_NAMES[spec.name]
+            out[family] = labels
+    for name in VLLM_METRICS:
+        out[name] = _VLLM_LABELS | _COMMON_LABELS
+    out["up"] = _COMMON_LABELS | {"pool"}
+    return out
+
+
+@pytest.mark.skipif(not hasattr(inst.ALL_METRICS[0], "labels"), reason="MetricSpec states no labels")
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_dashboard_queries_use_only_labels_their_metrics_carry(path: Any) -> None:
+    allowed = _allowed_labels()
+    wrong = set()
+    for title, expr in dashboard_targets(path):
+        for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}", expr):
+            for label in re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", m.group(2)):
+                if label not in allowed.get(m.group(1), set()):
+                    wrong.add(f"{title}: {m.group(1)} has no label {label}")
+        union = set().union(*(allowed.get(n, set()) for n in metric_names(expr)))
+        for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            for label in (g.strip() for g in group.split(",")):
+                if label and label not in union:
+                    wrong.add(f"{title}: grouping by {label}, which none of its metrics carry")
+    assert wrong == set()
 
 
 def _exposed_families() -> set[str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from app.telemetry import instruments as inst
 from tests.deploy.files import DASHBOARDS, ROOT, dashboard_targets, dashboard_variables, metric_names
 
 
@@ -75,9 +76,16 @@ def test_cost_dashboard_rows_cover_the_operator_page() -> None:
     assert must <= queried
 
 
-# Metrics without a pool label, and panels that are about whole pools on purpose.
+# Metrics without a pool label, panels about whole pools on purpose, and panels about requests answered
+# before routing (they have no pool).
 NO_POOL_LABEL = {"gateway_rate_limited_total", "gateway_normalize_moved_spans_total"}
-TENANT_LABELLED = ("gateway_tenant_", "gateway_rate_limited", "gateway_requests", "gateway_normalize", "gen_ai_")
+PRE_ROUTING_PANELS = {"429s by tenant"}
+TENANT_LABELLED = {
+    inst.PROMETHEUS_NAMES[spec.name] + suffix
+    for spec in inst.ALL_METRICS
+    if {"tenant", "kvgate.tenant"} & set(getattr(spec, "labels", ("tenant",)))
+    for suffix in (("_bucket", "_sum", "_count") if spec.buckets is not None else ("",))
+}
 POOL_WIDE_PANELS = {"GPU cost recovered"}
 
 
@@ -86,8 +94,8 @@ def test_every_query_honours_the_variables_its_metrics_carry(path: Path) -> None
     names = {v["name"] for v in dashboard_variables(path)}
     for title, expr in dashboard_targets(path):
         metrics = metric_names(expr)
-        if "pool" in names and metrics - NO_POOL_LABEL:
+        if "pool" in names and metrics - NO_POOL_LABEL and title not in PRE_ROUTING_PANELS:
             assert "$pool" in expr, f"{title}: ignores $pool"
-        tenant_metrics = any(m.startswith(TENANT_LABELLED) for m in metrics)
+        tenant_metrics = bool(metrics & TENANT_LABELLED)
         if "tenant" in names and tenant_metrics and title not in POOL_WIDE_PANELS:
             assert "$tenant" in expr, f"{title}: ignores $tenant"
