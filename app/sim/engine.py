@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.sim.kv_cache import BlockPool
@@ -18,6 +19,7 @@ from app.sim.request import SimRequest, Status
 from app.sim.scheduler import Scheduler, SchedulerConfig
 
 OUTPUT_TABLE_LEN = 8192
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +40,14 @@ class EngineConfig:
 class OutputStream:
     """What one API request (its n sequences) has produced and not yet sent; the handler waits on `event`."""
 
-    __slots__ = ("closed", "done", "event", "n", "pending", "reqs")
+    __slots__ = ("closed", "done", "event", "n", "pending", "reqs", "sink")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, sink: Callable[[int, int, int], None] | None = None) -> None:
         self.event = asyncio.Event()
         self.closed = False  # the client went away; the handler stops
+        # With a sink, output goes straight to it from the engine loop (choice, first index, count) and
+        # `event` fires only when every choice has finished; without one, it is buffered in `pending`.
+        self.sink = sink
         self.pending: list[tuple[int, int, int]] = []  # (choice index, first output index, count)
         self.done = 0
         self.n = n
@@ -50,9 +55,14 @@ class OutputStream:
 
     def push(self, index: int, req: SimRequest, count: int) -> None:
         """Called by the engine after a step: `count` new tokens for choice `index`."""
-        self.pending.append((index, req.num_output - count, count))
         if req.status is Status.FINISHED:
             self.done += 1
+        if self.sink is not None:
+            self.sink(index, req.num_output - count, count)
+            if self.done >= self.n:
+                self.event.set()
+            return
+        self.pending.append((index, req.num_output - count, count))
         self.event.set()
 
     def drain(self) -> list[tuple[int, int, int]]:
@@ -132,9 +142,10 @@ class Engine:
         ignore_eos: bool,
         salt: str | None,
         priority: int,
+        sink: Callable[[int, int, int], None] | None = None,
     ) -> OutputStream:
-        """Queue n sequences for one API request; their tokens arrive on the returned stream."""
-        stream = OutputStream(n)
+        """Queue n sequences for one API request; their tokens arrive on the returned stream (or its sink)."""
+        stream = OutputStream(n, sink)
         now = time.monotonic()
         for i in range(n):
             offset, eos_at = self.sequence_plan(seed, prompt, i, ignore_eos)
@@ -189,12 +200,16 @@ class Engine:
         loop = asyncio.get_running_loop()
         sched, profile, m = self.scheduler, self.config.profile, self.metrics
         scale = self.config.time_scale
+        prev_end = prev_after = 0.0
         while True:
             if not sched.has_work():
                 await self._wake.wait()
                 self._wake.clear()
                 continue
-            t0 = loop.time()
+            # Output processing overlaps the next forward pass (vLLM runs them in separate processes), so a
+            # busy engine's step starts where the previous one ended; an idle one starts now.
+            now_l = loop.time()
+            t0 = prev_end if 0.0 <= now_l - prev_end < 0.25 else now_l
             batch = sched.schedule(time.monotonic())
             if not batch:
                 # Only possible when the head request cannot fit even an empty cache; wait for an abort.
@@ -210,15 +225,29 @@ class Engine:
                 await asyncio.sleep(delay)
             else:
                 await asyncio.sleep(0)  # let the HTTP side run even when the model says "instant"
-            late = loop.time() - end
-            if late > 0.001:
-                m.lateness_s += late
+            after = loop.time()
+            if t0 == prev_end:
+                # How much longer this step took on the wall than modeled (host CPU saturation).
+                m.lateness_s += max(after - prev_after - dt / scale, 0.0)
+            prev_end, prev_after = end, after
             now = time.monotonic()
             produced, finished = sched.finish_step(batch, self.token_at, now)
             self._observe(produced, finished, now)
             for req, count in produced:
                 if req.emit is not None:
-                    req.emit(req, count)
+                    try:
+                        req.emit(req, count)
+                    except Exception:
+                        # A broken consumer must not stop the engine: drop that request.
+                        log.exception("output consumer failed; aborting %s", req.rid)
+                        for stream in self._streams_of(req):
+                            self.abort(stream)
+
+    def _streams_of(self, req: SimRequest) -> list[OutputStream]:
+        emit = req.emit
+        if isinstance(emit, functools.partial) and isinstance(emit.args[0], OutputStream):
+            return [emit.args[0]]
+        return []
 
     def _observe(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], now: float) -> None:
         m = self.metrics

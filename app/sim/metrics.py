@@ -148,6 +148,9 @@ class EngineMetrics:
         out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
         out.append("# TYPE vllm:cache_config_info gauge")
         out.append(f"vllm:cache_config_info{{{_labels(base, **cache_info)}}} 1.0")
+        out.append("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.")
+        out.append("# TYPE process_cpu_seconds_total counter")
+        out.append(f"process_cpu_seconds_total {_fmt(time.process_time())}")
         gauge("kvgate_sim_steps", "Sim only: engine steps run.", c.steps)
         gauge("kvgate_sim_step_lateness_seconds",
               "Sim only: total time steps ran past their modeled end (host CPU saturation).",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -14,12 +14,13 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.sim.engine import Engine, EngineConfig, OutputStream
 from app.sim.options import SimOptions
 from app.sim.protocol import GenRequest, SimHTTPError, json_decode_error, parse_generation
 from app.sim.request import Status
+from app.sim.sender import DirectSender
 from app.sim.template import SMOLLM2_DEFAULT_SYSTEM, TemplateError, render_chat
 from app.sim.tokenizer import Tokenizer, load_tokenizer
 from app.sim.wire import (
@@ -127,6 +128,13 @@ class GenerationEndpoint:
             await _send_whole(send, e.status, e.body(), out_headers)
             return
         resp_id = ("chatcmpl-" if self.kind == "chat" else "cmpl-") + rid
+        if gen.stream:
+            out_headers[0] = _SSE
+            await send({"type": "http.response.start", "status": 200, "headers": out_headers})
+            sender = DirectSender(send, lambda _e: st.engine.abort(stream))
+            sink = self._stream_sink(gen, resp_id, sender, lambda: stream)
+        else:
+            sender, sink = None, None
         stream = st.engine.submit(
             rid,
             gen.prompt_ids,
@@ -136,12 +144,15 @@ class GenerationEndpoint:
             ignore_eos=gen.ignore_eos,
             salt=gen.salt,
             priority=gen.priority,
+            sink=sink,
         )
         watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
         try:
-            if gen.stream:
-                out_headers[0] = _SSE
-                await self._stream(send, gen, stream, resp_id, out_headers)
+            if sender is not None:
+                while not stream.finished and not stream.closed:
+                    await stream.event.wait()
+                    stream.event.clear()
+                await sender.drained()
             else:
                 await self._whole(send, gen, stream, resp_id, out_headers)
         finally:
@@ -186,43 +197,55 @@ class GenerationEndpoint:
         body = build(resp_id, int(time.time()), st.options.model, choices, self._usage(gen, stream, False))
         await _send_whole(send, 200, body, headers)
 
-    async def _stream(
-        self, send: Send, gen: GenRequest, stream: OutputStream, resp_id: str, headers: list[tuple[bytes, bytes]]
-    ) -> None:
+    def _stream_sink(
+        self, gen: GenRequest, resp_id: str, sender: DirectSender, get_stream: Callable[[], OutputStream]
+    ) -> Callable[[int, int, int], None]:
+        """The per-step writer the engine calls with (choice, first output index, count); no task wake-ups."""
         engine = self.state.engine
         chunks: ChatChunks | CompletionChunks = (ChatChunks if gen.kind == "chat" else CompletionChunks)(
             resp_id, int(time.time()), self.state.options.model
         )
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        first = True
-        reqs = stream.reqs
-        while True:
-            await stream.event.wait()
-            if stream.closed:
-                return
-            items = stream.drain()
-            parts: list[bytes] = []
-            if first:
-                first = False
-                parts.extend(chunks.role(i) for i in range(gen.n))
-            for idx, start, count in items:
-                req = reqs[idx]
-                text = engine.text_of(req, start, count)
-                if start == 0 and gen.echo_prompt:
-                    text = gen.echo_prompt + text
-                last = req.status is Status.FINISHED and start + count == req.num_output
-                if last or gen.continuous_usage:
-                    cont = self._usage(gen, stream, True) if gen.continuous_usage else None
-                    parts.append(chunks.delta(idx, text, (req.finish_reason or "stop") if last else None, cont))
-                else:
-                    parts.append(chunks.content(idx, text))
-            if stream.finished:
+        pending_roles = [b"".join(chunks.role(i) for i in range(gen.n))]
+        text_of, content = engine.text_of, chunks.content
+        continuous, echo = gen.continuous_usage, gen.echo_prompt
+
+        def sink(idx: int, start: int, count: int) -> None:
+            stream = get_stream()
+            req = stream.reqs[idx]
+            text = text_of(req, start, count)
+            if start == 0 and echo:
+                text = echo + text
+            last = req.status is Status.FINISHED and start + count == req.num_output
+            if last or continuous:
+                cont = self._usage(gen, stream, True) if continuous else None
+                body = chunks.delta(idx, text, (req.finish_reason or "stop") if last else None, cont)
+            else:
+                body = content(idx, text)
+            if pending_roles:
+                body = pending_roles.pop() + body
+            final = stream.done >= stream.n
+            if final:
                 if gen.include_usage:
-                    parts.append(chunks.usage_chunk(self._usage(gen, stream, True)))
-                parts.append(DONE)
-                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+                    body += chunks.usage_chunk(self._usage(gen, stream, True))
+                body += DONE
+            sender.write({"type": "http.response.body", "body": body, "more_body": not final})
+
+        return sink
+
+
+class _SimStarlette(Starlette):
+    """Starlette with the two generation routes served before the middleware stack (the per-token path)."""
+
+    fast_routes: dict[str, ASGIApp]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Dispatch generation requests directly; everything else through Starlette."""
+        if scope["type"] == "http":
+            endpoint = self.fast_routes.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
                 return
-            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+        await super().__call__(scope, receive, send)
 
 
 def create_sim_app(options: SimOptions) -> Starlette:
@@ -305,6 +328,7 @@ def create_sim_app(options: SimOptions) -> Starlette:
         finally:
             await st.engine.stop()
 
+    chat, completions = GenerationEndpoint(st, "chat"), GenerationEndpoint(st, "completion")
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
@@ -312,9 +336,10 @@ def create_sim_app(options: SimOptions) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-        Route("/v1/chat/completions", GenerationEndpoint(st, "chat")),
-        Route("/v1/completions", GenerationEndpoint(st, "completion")),
+        Route("/v1/chat/completions", chat),
+        Route("/v1/completions", completions),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = _SimStarlette(routes=routes, lifespan=lifespan)
+    app.fast_routes = {"/v1/chat/completions": chat, "/v1/completions": completions}
     app.state.sim = st
     return app
