@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 _V = TypeVar("_V")
+_POSITIONAL_CAPACITY = 64
+_SHAPE_CAPACITY = 64
 
 
-class _TenantMemory:
-    """One tenant's tables, each an LRU of hashes (no text)."""
+class Shape(NamedTuple):
+    """Last scan of one message slot: which lines were metadata, a hash of the rest, its positional answer."""
 
-    __slots__ = ("positional", "spans", "static", "static_rules")
-
-    def __init__(self) -> None:
-        # template key -> [last value hash, volatile flag]
-        self.spans: OrderedDict[int, list[int]] = OrderedDict()
-        # hashes of paragraphs already found to hold no metadata (skip re-parsing static text)
-        self.static: OrderedDict[int, None] = OrderedDict()
-        self.static_rules: frozenset[str] = frozenset()
-        # hash of a text with its moving lines removed -> whether it refers to a span by position
-        self.positional: OrderedDict[int, bool] = OrderedDict()
+    line_indices: tuple[int, ...]
+    keys: tuple[int, ...]
+    skeletons: tuple[int, ...]  # hashes of each line with its spans blanked out
+    rest_hash: int
+    refers: bool
 
 
 def _bounded_put(table: OrderedDict[int, _V], key: int, value: _V, capacity: int) -> None:
@@ -29,15 +26,90 @@ def _bounded_put(table: OrderedDict[int, _V], key: int, value: _V, capacity: int
         table.popitem(last=False)
 
 
+class TenantMemory:
+    """One tenant's tables, each an LRU of hashes (no text). Obtain via `VolatilityMemory.for_tenant`."""
+
+    __slots__ = ("_capacity", "_positional", "_shapes", "_spans", "_static", "_static_rules")
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        # template key -> [last value hash, volatile flag]
+        self._spans: OrderedDict[int, list[int]] = OrderedDict()
+        # hashes of paragraphs already found to hold no metadata (skip re-parsing static text)
+        self._static: OrderedDict[int, None] = OrderedDict()
+        self._static_rules: frozenset[str] = frozenset()
+        # hash of a text with its moving lines removed -> whether it refers to a span by position
+        self._positional: OrderedDict[int, bool] = OrderedDict()
+        # hash of a message slot -> (rules the scan ran under, the shape it found)
+        self._shapes: OrderedDict[int, tuple[frozenset[str], Shape]] = OrderedDict()
+
+    def observe(self, key: int, value: int, presume_volatile: bool) -> bool:
+        """Record one sighting and say whether the span at `key` counts as volatile.
+
+        Volatile once its value has been seen to change under the same key, and sticky from then on
+        (flip-flopping would move the line back and forth and break the cache twice). On first sight
+        the caller's presumption decides (strongly typed values under "now"/"request id" labels).
+        """
+        entry = self._spans.get(key)
+        if entry is None:
+            _bounded_put(self._spans, key, [value, int(presume_volatile)], self._capacity)
+            return presume_volatile
+        self._spans.move_to_end(key)
+        if entry[0] != value:
+            entry[0] = value
+            entry[1] = 1
+        return bool(entry[1])
+
+    def peek(self, key: int) -> bool | None:
+        """Whether `key` is known volatile (None if unknown); does not learn."""
+        entry = self._spans.get(key)
+        return None if entry is None else bool(entry[1])
+
+    def is_static_text(self, text_hash: int, rules: frozenset[str]) -> bool:
+        """Whether this paragraph was already parsed and found to hold no metadata under the same rules."""
+        if self._static_rules is not rules and self._static_rules != rules:
+            return False
+        return text_hash in self._static
+
+    def add_static_text(self, text_hash: int, rules: frozenset[str]) -> None:
+        """Remember a paragraph without metadata (the table resets when the tenant's rules change)."""
+        if self._static_rules is not rules and self._static_rules != rules:
+            self._static.clear()
+            self._static_rules = rules
+        _bounded_put(self._static, text_hash, None, 4 * self._capacity)
+
+    def positional(self, text_hash: int) -> bool | None:
+        """Cached answer to "does this text refer to a span by position?" (None if not cached)."""
+        return self._positional.get(text_hash)
+
+    def add_positional(self, text_hash: int, refers: bool) -> None:
+        """Cache the positional-reference answer for a text (keyed by its hash)."""
+        _bounded_put(self._positional, text_hash, refers, _POSITIONAL_CAPACITY)
+
+    def shape(self, slot_key: int, rules: frozenset[str]) -> Shape | None:
+        """The shape last scanned in this slot under the same rules, if any."""
+        found = self._shapes.get(slot_key)
+        if found is None or (found[0] is not rules and found[0] != rules):
+            return None
+        return found[1]
+
+    def add_shape(self, slot_key: int, shape: Shape, rules: frozenset[str]) -> None:
+        """Remember the shape a full scan found in this slot."""
+        _bounded_put(self._shapes, slot_key, (rules, shape), _SHAPE_CAPACITY)
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+
 class VolatilityMemory:
     """Remembers, per tenant, the last value hash seen for each span template; hashes only, LRU-bounded.
 
     One instance per gateway process (created by the app factory). `normalize` mutates it in place:
     that learning is the only state of the normalize stage. A key is a hash of where a span sits (its
     message slot, the line with the span replaced by its rule name, and the neighbouring static lines);
-    a value is a hash of the span's text. Two caches ride along, also hashes only: lines known not to be
-    metadata, and texts known to refer to spans by position; they only save time. No prompt text is
-    kept. Not thread-safe: the gateway calls it from one event loop and `normalize` never awaits.
+    a value is a hash of the span's text. Two caches ride along, also hashes only: paragraphs known to
+    hold no metadata, and texts known to refer to spans by position; they only save time. No prompt
+    text is kept. Not thread-safe: the gateway calls it from one event loop and `normalize` never awaits.
     """
 
     __slots__ = ("_capacity", "_max_tenants", "_tenants")
@@ -47,12 +119,13 @@ class VolatilityMemory:
             raise ValueError("capacity_per_tenant and max_tenants must be >= 1")
         self._capacity = capacity_per_tenant
         self._max_tenants = max_tenants
-        self._tenants: OrderedDict[str, _TenantMemory] = OrderedDict()
+        self._tenants: OrderedDict[str, TenantMemory] = OrderedDict()
 
-    def _tenant(self, tenant_id: str) -> _TenantMemory:
+    def for_tenant(self, tenant_id: str) -> TenantMemory:
+        """The tenant's tables, created on first use; the least recently used tenant is dropped past the cap."""
         mem = self._tenants.get(tenant_id)
         if mem is None:
-            mem = _TenantMemory()
+            mem = TenantMemory(self._capacity)
             self._tenants[tenant_id] = mem
             if len(self._tenants) > self._max_tenants:
                 self._tenants.popitem(last=False)
@@ -61,57 +134,17 @@ class VolatilityMemory:
         return mem
 
     def observe(self, tenant_id: str, key: int, value: int, presume_volatile: bool) -> bool:
-        """Record one sighting and say whether the span at `key` counts as volatile.
-
-        Volatile once its value has been seen to change under the same key, and sticky from then on
-        (flip-flopping would move the line back and forth and break the cache twice). On first sight
-        the caller's presumption decides (strongly typed values under "now"/"request id" labels).
-        """
-        table = self._tenant(tenant_id).spans
-        entry = table.get(key)
-        if entry is None:
-            _bounded_put(table, key, [value, int(presume_volatile)], self._capacity)
-            return presume_volatile
-        table.move_to_end(key)
-        if entry[0] != value:
-            entry[0] = value
-            entry[1] = 1
-        return bool(entry[1])
+        """`TenantMemory.observe` for one tenant."""
+        return self.for_tenant(tenant_id).observe(key, value, presume_volatile)
 
     def peek(self, tenant_id: str, key: int) -> bool | None:
-        """Whether `key` is known volatile (None if unknown); does not learn."""
+        """Whether `key` is known volatile for the tenant (None if unknown); does not learn."""
         mem = self._tenants.get(tenant_id)
-        if mem is None or key not in mem.spans:
-            return None
-        return bool(mem.spans[key][1])
-
-    def is_static_text(self, tenant_id: str, text_hash: int, rules: frozenset[str]) -> bool:
-        """Whether this paragraph was already parsed and found to hold no metadata under the same rules."""
-        mem = self._tenants.get(tenant_id)
-        if mem is None or mem.static_rules != rules:
-            return False
-        return text_hash in mem.static
-
-    def add_static_text(self, tenant_id: str, text_hash: int, rules: frozenset[str]) -> None:
-        """Remember a paragraph without metadata (the table resets when the tenant's rules change)."""
-        mem = self._tenant(tenant_id)
-        if mem.static_rules != rules:
-            mem.static.clear()
-            mem.static_rules = rules
-        _bounded_put(mem.static, text_hash, None, 4 * self._capacity)
-
-    def positional(self, tenant_id: str, text_hash: int) -> bool | None:
-        """Cached answer to "does this text refer to a span by position?" (None if not cached)."""
-        mem = self._tenants.get(tenant_id)
-        return None if mem is None else mem.positional.get(text_hash)
-
-    def add_positional(self, tenant_id: str, text_hash: int, refers: bool) -> None:
-        """Cache the positional-reference answer for a text (keyed by its hash)."""
-        _bounded_put(self._tenant(tenant_id).positional, text_hash, refers, 64)
+        return None if mem is None else mem.peek(key)
 
     def size(self, tenant_id: str | None = None) -> int:
         """Span entries held for one tenant, or the number of tenants when `tenant_id` is None."""
         if tenant_id is None:
             return len(self._tenants)
         mem = self._tenants.get(tenant_id)
-        return 0 if mem is None else len(mem.spans)
+        return 0 if mem is None else len(mem)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
-from app.normalize.memory import VolatilityMemory
-from app.normalize.regions import in_ranges, protected_ranges
+from app.normalize.memory import Shape, TenantMemory
+from app.normalize.regions import in_ranges, protected_ranges, refers_by_position
 from app.normalize.rules import (
     CONTENT_LABEL_RX,
     DATE_WORDS,
@@ -37,8 +37,7 @@ _PAYLOAD_CHARS = frozenset("\"'`{}[]<>")
 _PRESUMABLE_TIME = frozenset({"iso_datetime", "rfc2822_datetime", "epoch", "labelled_datetime", "date"})
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One metadata line that may move: its place in the text, the rule of each span, and its hashes."""
 
     start: int
@@ -47,14 +46,14 @@ class Candidate:
     key: int  # hash of where the line sits: slot, line with spans blanked out, static neighbours
     value: int  # hash of the span texts
     label: str | None
+    skeleton: str
 
     def presume_volatile(self) -> bool:
         """Whether to count this line volatile before it has been seen to change (see `_presume`)."""
         return _presume(self.label, self.rules)
 
 
-@dataclass(frozen=True, slots=True)
-class _Line:
+class _Line(NamedTuple):
     start: int
     end: int
     rules: tuple[str, ...]
@@ -68,8 +67,7 @@ def find_candidates(
     slot: object,
     allowed: frozenset[str],
     now: datetime,
-    memory: VolatilityMemory | None = None,
-    tenant_id: str = "",
+    memory: TenantMemory | None = None,
 ) -> list[Candidate]:
     """Metadata lines in the head of `text` whose spans all match allowed rules (outside protected parts).
 
@@ -91,12 +89,12 @@ def find_candidates(
         para_hash = 0
         if memory is not None:
             para_hash = hash(text[para_start:para_end])
-            if memory.is_static_text(tenant_id, para_hash, allowed):
+            if memory.is_static_text(para_hash, allowed):
                 para_start = para_end + 2
                 continue
         found = _scan_paragraph(text, para_start, para_end, allowed, now, parsed_lines)
         if not found and memory is not None:
-            memory.add_static_text(tenant_id, para_hash, allowed)
+            memory.add_static_text(para_hash, allowed)
         para_start = para_end + 2
     if not parsed_lines:
         return []
@@ -105,22 +103,122 @@ def find_candidates(
     lines = [ln for ln in parsed_lines if not in_ranges(ln.start, ranges)]
     if not lines:
         return []
+    return _keyed(text, slot, lines)
+
+
+def _keyed(text: str, slot: object, lines: list[_Line]) -> list[Candidate]:
+    """Candidates with their template key (slot, skeleton, static neighbours) and value hash."""
     starts = {ln.start for ln in lines}
     out = []
     for ln in lines:
         prev_line = _neighbour(text, ln.start, starts, backwards=True)
         next_line = _neighbour(text, ln.end, starts, backwards=False)
-        out.append(
-            Candidate(
-                start=ln.start,
-                end=ln.end,
-                rules=ln.rules,
-                key=hash((slot, ln.skeleton, prev_line, next_line)),
-                value=hash(ln.values),
-                label=ln.label,
-            )
-        )
+        key = hash((slot, ln.skeleton, prev_line, next_line))
+        out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton))
     return out
+
+
+class Scan(NamedTuple):
+    """What `scan_text` found: candidates, the text without them (and them verbatim), positional answer."""
+
+    candidates: list[Candidate]
+    rest: str
+    lines: list[str]
+    refers: bool
+
+
+_SMALL_TEXT = 512  # below this, caching costs more than it saves
+
+
+def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, memory: TenantMemory) -> Scan:
+    """Candidates in `text`, the text without them, and whether that rest refers to a span by position.
+
+    Fast path: the tenant's last request in this slot left a shape (which lines were metadata, their
+    keys, and a hash of everything else). If those lines still parse as metadata with the same
+    skeletons and the rest hashes the same, the rest is byte-identical to a text already scanned: the
+    full scan, the key computation and the positional search are skipped. In steady state (the same
+    template with new values) this is the common case.
+    """
+    if len(text) < _SMALL_TEXT:
+        if _DIGIT_LINE_RX.search(text) is None:
+            return Scan([], text, [], refers_by_position(text))
+        candidates = find_candidates(text, slot, allowed, now)
+        rest, lines = remove_spans(text, [(c.start, c.end) for c in candidates])
+        return Scan(candidates, rest, lines, refers_by_position(rest))
+    slot_key = hash(slot)
+    shape = memory.shape(slot_key, allowed)
+    if shape is not None:
+        found = _reparse(text, shape, allowed, now)
+        if found is not None:
+            rest, lines = remove_spans(text, [(c.start, c.end) for c in found])
+            if hash(rest) == shape.rest_hash:
+                return Scan(found, rest, lines, shape.refers)
+    candidates = find_candidates(text, slot, allowed, now, memory)
+    rest, lines = remove_spans(text, [(c.start, c.end) for c in candidates])
+    rest_hash = hash(rest)
+    refers = memory.positional(rest_hash)
+    if refers is None:
+        refers = refers_by_position(rest)
+        memory.add_positional(rest_hash, refers)
+    memory.add_shape(
+        slot_key,
+        Shape(
+            tuple(text.count("\n", 0, c.start) for c in candidates),
+            tuple(c.key for c in candidates),
+            tuple(hash(c.skeleton) for c in candidates),
+            rest_hash,
+            refers,
+        ),
+        allowed,
+    )
+    return Scan(candidates, rest, lines, refers)
+
+
+def _reparse(text: str, shape: Shape, allowed: frozenset[str], now: datetime) -> list[Candidate] | None:
+    """Re-parse the shape's lines; None unless each is still metadata with the same skeleton."""
+    out: list[Candidate] = []
+    index = 0
+    pos = 0
+    for target, key, skeleton_hash in zip(shape.line_indices, shape.keys, shape.skeletons, strict=True):
+        while index < target:
+            newline = text.find("\n", pos)
+            if newline < 0:
+                return None
+            pos = newline + 1
+            index += 1
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        ln = _parse_line(text, pos, end, allowed, now) if end - pos <= MAX_LINE_CHARS else None
+        if ln is None or hash(ln.skeleton) != skeleton_hash:
+            return None
+        # Same skeleton and (checked by the caller) same rest: same neighbours, so the same key.
+        out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton))
+    return out
+
+
+def remove_spans(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str]]:
+    """`text` without the given lines (each with its newline), and those lines verbatim, in order.
+
+    Lines removed from the very top take the blank lines after them along, so the text does not
+    start with an empty line.
+    """
+    pieces: list[str] = []
+    lines: list[str] = []
+    cursor = 0
+    at_top = True
+    n = len(text)
+    for start, end in sorted(spans):
+        lines.append(text[start:end])
+        kept = text[cursor:start] if end < n else text[cursor : max(start - 1, cursor)]
+        if kept:
+            at_top = False
+            pieces.append(kept)
+        cursor = end + 1 if end < n else end
+        if at_top:
+            while cursor < n and text[cursor] == "\n":
+                cursor += 1
+    pieces.append(text[cursor:])
+    return "".join(pieces), lines
 
 
 def _scan_paragraph(
@@ -177,8 +275,8 @@ def _parse_line(
         cursor = e
     pieces.append(text[cursor:value_end])
     skeleton.append(text[cursor:value_end])
-    remainder = " ".join(pieces)
-    if any(c in _PAYLOAD_CHARS for c in remainder) or FILLER_RX.fullmatch(remainder) is None:
+    # The filler allows no quotes, braces or backticks: a span inside a payload fails here.
+    if FILLER_RX.fullmatch(" ".join(pieces)) is None:
         return None
     return _Line(line_start, line_end, tuple(rules), "".join(skeleton), tuple(values), label)
 

@@ -2,38 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from app.config import ModelConfig
 from app.context import NormalizeReport, Operation, Tenant
-from app.normalize.memory import VolatilityMemory
+from app.normalize.memory import TenantMemory, VolatilityMemory
 from app.normalize.placement import is_restated, last_user_index, place_in_chat, place_in_prompt
 from app.normalize.regions import refers_by_position
 from app.normalize.rules import RULES
-from app.normalize.scan import Candidate, find_candidates
-from app.normalize.tools import canonicalize_tools
+from app.normalize.scan import Candidate, Scan, remove_spans, scan_text
+from app.normalize.tools import ToolOrder, canonicalize_tools
 
 _ALL_RULES = frozenset(RULES)
 _LEADING_ROLES = frozenset({"system", "developer"})
 
 
-@dataclass(slots=True)
 class _Text:
     """One scanned text: where it lives in the body, and the lines that will move out of it."""
 
-    msg_index: int  # -1 for a completion prompt
-    part_index: int  # -1 when the content is a plain string
-    text: str
-    moving: list[Candidate] = field(default_factory=list)
-    _removed: tuple[str, list[str]] | None = None
+    __slots__ = ("moving", "msg_index", "part_index", "scan", "text")
+
+    def __init__(self, msg_index: int, part_index: int, text: str) -> None:
+        self.msg_index = msg_index  # -1 for a completion prompt
+        self.part_index = part_index  # -1 when the content is a plain string
+        self.text = text
+        self.moving: list[Candidate] = []
+        self.scan: Scan | None = None
 
     def removed(self) -> tuple[str, list[str]]:
-        """The text without its moving lines, and those lines verbatim (computed once)."""
-        if self._removed is None:
-            self._removed = _remove_lines(self.text, self.moving)
-        return self._removed
+        """The text without its moving lines, and those lines verbatim (reusing the scan's when all move)."""
+        if self.scan is not None and len(self.moving) == len(self.scan.candidates):
+            return self.scan.rest, self.scan.lines
+        return remove_spans(self.text, [(c.start, c.end) for c in self.moving])
 
 
 def normalize(
@@ -64,10 +65,11 @@ def normalize(
         texts, refs = _prompt_texts(body)
     moved: dict[str, int] = {}
     if allowed and texts:
-        _learn(texts, tenant.id, allowed, memory, now)
+        tenant_memory = memory.for_tenant(tenant.id)
+        _learn(texts, allowed, tenant_memory, now)
         moving = [c for t in texts for c in t.moving]
         blocked = bool(moving) and (
-            not _can_restate(body, operation, model) or _refers_by_position(texts, refs, tenant.id, memory)
+            not _can_restate(body, operation, model) or _refers_by_position(texts, refs)
         )
         if blocked:
             for t in texts:
@@ -80,7 +82,7 @@ def normalize(
     tools = body.get("tools") if operation == "chat" else None
     new_tools, tools_changed = (tools, 0)
     if isinstance(tools, list) and tools:
-        new_tools, tools_changed = canonicalize_tools(tools, getattr(model, "tool_order", "name"))
+        new_tools, tools_changed = canonicalize_tools(tools, _tool_order(model))
 
     date_string = _date_to_pin(body, operation, model, now)
 
@@ -156,33 +158,22 @@ def _prompt_texts(body: dict[str, Any]) -> tuple[list[_Text], list[str]]:
     return [_Text(-1, -1, prompt)], [prompt]
 
 
-def _learn(
-    texts: list[_Text], tenant_id: str, allowed: frozenset[str], memory: VolatilityMemory, now: datetime
-) -> None:
+def _learn(texts: list[_Text], allowed: frozenset[str], memory: TenantMemory, now: datetime) -> None:
     """Find candidates in every scanned text, teach the memory, keep the ones known to be volatile."""
     for t in texts:
         slot = (t.msg_index, t.part_index)
-        for c in find_candidates(t.text, slot, allowed, now, memory, tenant_id):
-            presume = memory.peek(tenant_id, c.key) is None and c.presume_volatile()
-            if memory.observe(tenant_id, c.key, c.value, presume):
+        t.scan = scan_text(t.text, slot, allowed, now, memory)
+        for c in t.scan.candidates:
+            presume = memory.peek(c.key) is None and c.presume_volatile()
+            if memory.observe(c.key, c.value, presume):
                 t.moving.append(c)
 
 
-def _refers_by_position(texts: list[_Text], refs: list[str], tenant_id: str, memory: VolatilityMemory) -> bool:
-    """Whether any scanned text (or the last user turn) refers to a span by position ("the date above").
-
-    The answer for a text with its moving lines removed is cached by hash: that remainder is the static
-    template, identical on every request, so the full-text search runs once per template.
-    """
-    for t in texts:
-        remainder = t.removed()[0] if t.moving else t.text
-        key = hash(remainder)
-        known = memory.positional(tenant_id, key)
-        if known is None:
-            known = refers_by_position(remainder)
-            memory.add_positional(tenant_id, key, known)
-        if known:
-            return True
+def _refers_by_position(texts: list[_Text], refs: list[str]) -> bool:
+    """Whether a scanned text (answer cached per template by `scan_text`) or the last user turn refers
+    to a span by position ("the date above")."""
+    if any(t.scan is not None and t.scan.refers for t in texts):
+        return True
     return any(refers_by_position(r) for r in refs[len(texts) :])
 
 
@@ -191,26 +182,6 @@ def _can_restate(body: dict[str, Any], operation: Operation, model: ModelConfig)
         return True
     messages = body.get("messages")
     return isinstance(messages, list) and last_user_index(messages) is not None
-
-
-def _remove_lines(text: str, moving: list[Candidate]) -> tuple[str, list[str]]:
-    """`text` without the moving lines (each with its newline), and those lines verbatim, in order."""
-    pieces: list[str] = []
-    lines: list[str] = []
-    cursor = 0
-    for c in sorted(moving, key=lambda c: c.start):
-        lines.append(text[c.start : c.end])
-        if c.end < len(text):
-            pieces.append(text[cursor : c.start])
-            cursor = c.end + 1
-        else:  # last line without a newline: drop the newline before it instead
-            pieces.append(text[cursor : max(c.start - 1, cursor)])
-            cursor = c.end
-    pieces.append(text[cursor:])
-    out = "".join(pieces)
-    if moving and min(c.start for c in moving) == 0:
-        out = out.lstrip("\n")
-    return out, lines
 
 
 def _apply_moves(out: dict[str, Any], texts: list[_Text], operation: Operation, model: ModelConfig) -> None:
@@ -234,6 +205,12 @@ def _apply_moves(out: dict[str, Any], texts: list[_Text], operation: Operation, 
             parts[t.part_index] = {**parts[t.part_index], "text": new_text}
             messages[t.msg_index] = {**msg, "content": parts}
     out["messages"] = place_in_chat(messages, restated, model.tail_placement)
+
+
+def _tool_order(model: ModelConfig) -> ToolOrder:
+    """Per-model tool order; ModelConfig has no such field yet, so "name" unless one is added."""
+    order = model.__dict__.get("tool_order", "name")
+    return "client" if order == "client" else "name"
 
 
 def _date_to_pin(body: dict[str, Any], operation: Operation, model: ModelConfig, now: datetime) -> str | None:

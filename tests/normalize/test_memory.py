@@ -45,10 +45,17 @@ def test_tenant_count_is_bounded_lru() -> None:
 
 
 def test_static_text_cache_resets_when_rules_change() -> None:
-    m = VolatilityMemory()
-    m.add_static_text("t", 5, frozenset({"uuid"}))
-    assert m.is_static_text("t", 5, frozenset({"uuid"}))
-    assert not m.is_static_text("t", 5, frozenset({"uuid", "date"}))
+    m = VolatilityMemory().for_tenant("t")
+    m.add_static_text(5, frozenset({"uuid"}))
+    assert m.is_static_text(5, frozenset({"uuid"}))
+    assert not m.is_static_text(5, frozenset({"uuid", "date"}))
+
+
+def test_positional_answers_are_cached_by_hash() -> None:
+    m = VolatilityMemory().for_tenant("t")
+    assert m.positional(9) is None
+    m.add_positional(9, True)
+    assert m.positional(9) is True
 
 
 def test_invalid_bounds_are_refused() -> None:
