@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.routing.hashing import rendezvous_score
 from app.routing.prefix_affinity import PrefixAffinity, bound
 from app.routing.state import ReplicaState
 from tests.routing.factory import replicas, set_load
@@ -105,3 +106,10 @@ def test_bound_counts_scraped_load_from_other_clients() -> None:
     home = policy.select(reps, key=9).chosen
     set_load(home, running=6)  # someone else's requests, seen only through /metrics
     assert policy.select(reps, key=9).chosen is not home
+
+
+def test_home_is_the_highest_rendezvous_score() -> None:
+    reps = replicas(URLS)
+    for key in (1, 2**63 + 5, 987654321987):
+        expected = max(reps, key=lambda r: rendezvous_score(key, r.hash))
+        assert PrefixAffinity().select(reps, key).chosen is expected

@@ -151,9 +151,13 @@ async def test_stop_ends_every_task(replica: FakeReplica, session: aiohttp.Clien
     scraper = Scraper(ClusterState.from_config(cfg), session, cfg.routing)
     await scraper.start()
     await scraper.start()  # idempotent: still one task per replica
-    assert len(scraper._tasks) == 2
+    tasks = list(scraper._tasks)
+    assert len(tasks) == 2
     await wait_for(lambda: replica.health_calls >= 4)
     await scraper.stop()
+    assert all(t.done() for t in tasks)
+    # A request sent just before the cancel may still reach the server's handler; after that, silence.
+    await asyncio.sleep(0.05)
     calls = replica.health_calls
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.15)
     assert replica.health_calls == calls
