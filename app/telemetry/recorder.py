@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -79,6 +80,9 @@ class Telemetry:
         self._propagator = TraceContextTextMapPropagator()
         self._open: dict[str, _Open] = {}
         self._addresses: dict[str, tuple[str, int]] = {}
+        # The Prometheus reader queues one snapshot per collect and renders all queued ones: two scrapes at
+        # once could each render the other's snapshot too (duplicate samples) — serialize them.
+        self._render_lock = threading.Lock()
         self._closed = False
 
     @property
@@ -191,8 +195,13 @@ class Telemetry:
     # ---- exposition and lifecycle ------------------------------------------------------------------
 
     def render_prometheus(self) -> tuple[bytes, str]:
-        """The /metrics body and its content type (same instruments the OTLP exporter sends)."""
-        return render(self._providers.prometheus_registry)
+        """The /metrics body and its content type (same metrics the OTLP exporter sends).
+
+        Takes milliseconds with many series (prometheus_client formats line by line): call it from a worker
+        thread (`await asyncio.to_thread(...)`) rather than on the event loop; it is thread-safe.
+        """
+        with self._render_lock:
+            return render(self._providers.prometheus_registry)
 
     def force_flush(self, timeout_s: float = 5.0, *, metrics: bool = True) -> bool:
         """Export pending spans and (unless `metrics` is False) an OTLP metrics snapshot now (blocking)."""

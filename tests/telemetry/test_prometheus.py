@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,3 +62,31 @@ def test_rendering_twice_does_not_duplicate_samples(harness: Harness) -> None:
     text = harness.telemetry.render_prometheus()[0].decode()
     series = [ln.rsplit(" ", 1)[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
     assert len(series) == len(set(series))
+
+
+def test_concurrent_scrapes_never_duplicate_samples(harness: Harness) -> None:
+    _settle_a_mix(harness)
+    bodies: list[bytes] = []
+
+    def scrape() -> None:
+        for _ in range(5):
+            bodies.append(harness.telemetry.render_prometheus()[0])
+
+    threads = [threading.Thread(target=scrape) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(bodies) == 20
+    for body in bodies:
+        series = [ln.rsplit(" ", 1)[0] for ln in body.decode().splitlines() if ln and not ln.startswith("#")]
+        assert len(series) == len(set(series))
+        assert ins.PROMETHEUS_NAMES[ins.REQUESTS.name].encode() in body
+
+
+def test_sdk_instruments_from_the_meter_export_next_to_the_gateway_metrics(harness: Harness) -> None:
+    _settle_a_mix(harness)
+    harness.telemetry.meter.create_counter("gateway.scraper.polls", unit="{poll}").add(3, {"pool": "fast"})
+    names = _sample_names(harness.telemetry.render_prometheus()[0])
+    assert "gateway_scraper_polls_total" in names
+    assert ins.PROMETHEUS_NAMES[ins.TENANT_COST.name] in names
