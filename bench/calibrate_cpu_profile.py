@@ -28,6 +28,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+PREFILL_SIZES = (64, 512, 1024, 1536, 1900)
+DECODE_BATCHES = (1, 2, 4, 8, 16)
+
 
 @dataclass
 class Timing:
@@ -75,7 +78,7 @@ async def stream_once(
 async def prefill(session: aiohttp.ClientSession, url: str, model: str, rng: random.Random) -> list[tuple[int, float]]:
     """(prompt tokens, TTFT) for uncached prompts."""
     out = []
-    for n in (32, 256, 768, 1536, 32, 256, 768, 1536):
+    for n in PREFILL_SIZES * 2:
         t = await stream_once(session, url, model, _prompt(rng, n), 1)
         out.append((n, t.ttft))
     return out
@@ -88,6 +91,16 @@ async def decode(
     res = await asyncio.gather(*(stream_once(session, url, model, _prompt(rng, ctx), 48) for _ in range(batch)))
     gaps = [g for t in res for g in t.gaps[8:-8]]
     return statistics.median(gaps)
+
+
+def fit_quadratic(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Least-squares y = a + b x + c x^2 (prefill: per-token work plus attention over the prompt so far)."""
+    import numpy as np
+
+    x = np.array([p[0] for p in points])
+    y = np.array([p[1] for p in points])
+    coef, *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x, x * x], axis=1), y, rcond=None)
+    return float(coef[0]), float(coef[1]), float(coef[2])
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -119,7 +132,7 @@ async def measure(url: str, seed: int, budget_s: float) -> dict[str, Any]:
         model = await _model(session, url)
         await stream_once(session, url, model, _prompt(rng, 16), 4)  # warm-up
         pre = await prefill(session, url, model, rng)
-        dec = [(b, await decode(session, url, model, rng, b)) for b in (1, 2, 4, 8, 16)]
+        dec = [(b, await decode(session, url, model, rng, b)) for b in DECODE_BATCHES]
         long_ctx = await decode(session, url, model, rng, 1, ctx=1536)
     return {"prefill": pre, "decode": dec, "long_ctx_gap": long_ctx}
 
@@ -151,7 +164,7 @@ async def measure_spec(url: str, seed: int, budget_s: float) -> dict[str, Any]:
 
 def report(name: str, m: dict[str, Any]) -> dict[str, float]:
     """Print one server's measurements; return the fitted constants."""
-    a_pre, b_pre = fit([(float(n), t) for n, t in m["prefill"]])
+    a_pre, b_pre, c_pre = fit_quadratic([(float(n), t) for n, t in m["prefill"]])
     a_dec, b_dec = fit([(float(b), g) for b, g in m["decode"]])
     short_ctx = 32 + 24  # mid-stream context of the decode runs
     kv = max((m["long_ctx_gap"] - m["decode"][0][1]) / (1536 - short_ctx), 0.0)
@@ -159,8 +172,8 @@ def report(name: str, m: dict[str, Any]) -> dict[str, float]:
     print("prefill  N  TTFT_ms: " + "  ".join(f"{n}:{t * 1e3:.0f}" for n, t in m["prefill"]))
     print("decode   B  gap_ms : " + "  ".join(f"{b}:{g * 1e3:.1f}" for b, g in m["decode"]))
     print(f"long ctx (1536) gap at B=1: {m['long_ctx_gap'] * 1e3:.1f} ms")
-    fitted = {"ttft_intercept_s": a_pre, "prefill_token_s": b_pre, "base_s": a_dec, "decode_seq_s": b_dec,
-              "kv_token_s": kv}  # fmt: skip
+    fitted = {"ttft_intercept_s": a_pre, "prefill_token_s": b_pre, "prefill_attn_s": c_pre, "base_s": a_dec,
+              "decode_seq_s": b_dec, "kv_token_s": kv}  # fmt: skip
     print("fitted: " + ", ".join(f"{k}={v:.3g}" for k, v in fitted.items()))
     return fitted
 

@@ -200,7 +200,7 @@ class Scheduler:
     @staticmethod
     def step_cost(batch: list[Scheduled]) -> StepCost:
         """What the profile needs to price this step."""
-        prefill = decode = kv = drafts = 0
+        prefill = decode = kv = drafts = pairs = 0
         for s in batch:
             r = s.req
             kv += r.num_computed
@@ -209,7 +209,10 @@ class Scheduler:
                 drafts += s.num_draft
             else:
                 prefill += s.num_new
-        return StepCost(prefill_tokens=prefill, decode_seqs=decode, kv_tokens=kv, draft_tokens=drafts)
+                pairs += s.num_new * (r.num_computed + s.num_new // 2)
+        return StepCost(
+            prefill_tokens=prefill, decode_seqs=decode, kv_tokens=kv, draft_tokens=drafts, prefill_pairs=pairs
+        )
 
     # ------------------------------------------------------------- apply step
     def finish_step(
