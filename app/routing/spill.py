@@ -66,14 +66,14 @@ def saturation(pool: PoolState, candidates: Sequence[ReplicaState], tuning: Spil
     all_queue = all_slow = True
     # Runs on every request: stop at the first replica that is neither queueing nor slow.
     for r in candidates:
-        if r.waiting < threshold:
+        if r.queued() < threshold:
             all_queue = False
         if r.ttft_ewma_s is None or r.projected_ttft_ms() <= slo_ms:
             all_slow = False
         if not (all_queue or all_slow):
             return None
     if all_queue:
-        min_waiting = min(r.waiting for r in candidates)
+        min_waiting = min(r.queued() for r in candidates)
         return f"{pool.name} queues: min waiting {min_waiting} >= {threshold}"
     best_ttft = min(r.projected_ttft_ms() for r in candidates)
     return f"{pool.name} projected TTFT {best_ttft:.0f} ms > SLO {slo_ms:.0f} ms"
@@ -86,7 +86,7 @@ def utilization(candidates: Sequence[ReplicaState]) -> float:
 
 def has_headroom(candidates: Sequence[ReplicaState], tuning: SpillTuning) -> bool:
     """Some replica queues nothing and has room left."""
-    return any(r.waiting == 0 and r.utilization() < tuning.headroom_below_utilization for r in candidates)
+    return any(r.queued() == 0 and r.utilization() < tuning.headroom_below_utilization for r in candidates)
 
 
 def decide_spill(

@@ -88,15 +88,26 @@ class ReplicaState:
         """In rotation: healthy by probes and the breaker lets a request through."""
         return self.healthy and self.breaker.allows()
 
+    def queued(self) -> int:
+        """Requests waiting now: the scraped queue, moved by our in-flight change when it was queueing.
+
+        A replica that queued at the scrape queues every request we sent since; one that did not may
+        have had free slots, so our new requests are not assumed to wait.
+        """
+        if self.waiting <= 0:
+            return 0
+        q = self.waiting + self.in_flight - self.in_flight_at_scrape
+        return q if q > 0 else 0
+
     def utilization(self) -> float:
         """0-1: KV-cache usage, or 1 when requests already queue."""
-        return 1.0 if self.waiting > 0 else self.kv_usage
+        return 1.0 if self.queued() > 0 else self.kv_usage
 
     def projected_ttft_ms(self) -> float:
         """A new request's TTFT if it lands here: recent TTFT scaled by the queue ahead (0 when unknown)."""
         if self.ttft_ewma_s is None:
             return 0.0
-        return self.ttft_ewma_s * 1000.0 * (1.0 + self.waiting / max(self.running, 1))
+        return self.ttft_ewma_s * 1000.0 * (1.0 + self.queued() / max(self.running, 1))
 
     # --- written by the upstream stage --------------------------------------------------------------
 
@@ -162,6 +173,10 @@ class ReplicaState:
         ttft_count = self._delta(prev, sample, m.TTFT_COUNT)
         if ttft_sum is not None and ttft_count:
             self._observe_ttft(ttft_sum / ttft_count)
+        elif self.running == 0 and self.waiting == 0 and self.in_flight == 0:
+            # Idle and nothing new measured: an old slow TTFT says nothing about the next request. Without
+            # this, a pool whose traffic all spilled away would keep its bad TTFT, and keep spilling, forever.
+            self.ttft_ewma_s = None
         self.counters = {k: v for k, v in sample.items() if k in m.COUNTERS}
         self.last_scrape = now
 

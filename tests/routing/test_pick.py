@@ -144,3 +144,28 @@ def test_no_cross_pool_failover_when_spill_is_disabled() -> None:
     cluster = make_cluster(make_config())
     with pytest.raises(GatewayError):
         route(cluster, INTERACTIVE, exclude=frozenset({F1, F2}), allow_spill=False)
+
+
+def test_interactive_returns_home_once_the_spilled_away_pool_is_idle_again() -> None:
+    cluster = make_cluster(make_config())
+    for r in cluster.pools["fast"].replicas:
+        r.apply_metrics({"vllm:time_to_first_token_seconds_sum": 0.0, "vllm:time_to_first_token_seconds_count": 0}, 1.0)
+        r.apply_metrics({"vllm:time_to_first_token_seconds_sum": 2.0, "vllm:time_to_first_token_seconds_count": 2,
+                         "vllm:num_requests_running": 3}, 2.0)
+    assert route(cluster, INTERACTIVE).pool == "bulk"
+    for r in cluster.pools["fast"].replicas:  # drained, nothing new measured
+        r.apply_metrics({"vllm:time_to_first_token_seconds_sum": 2.0, "vllm:time_to_first_token_seconds_count": 2}, 3.0)
+    assert route(cluster, INTERACTIVE).pool == "fast"
+
+
+def test_between_scrapes_our_finished_requests_drain_the_estimated_queue() -> None:
+    cluster = make_cluster(make_config())
+    for r in cluster.pools["fast"].replicas:
+        r.on_start()
+        r.on_start()
+        set_load(r, running=8, waiting=1)
+    assert route(cluster, INTERACTIVE).pool == "bulk"
+    for r in cluster.pools["fast"].replicas:
+        r.on_success()
+        r.on_success()
+    assert route(cluster, INTERACTIVE).pool == "fast"

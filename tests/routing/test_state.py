@@ -109,3 +109,28 @@ def test_reload_keeps_surviving_replicas_and_builds_policies() -> None:
     assert second.pools["fast"].policy.name == "prefix_affinity"
     assert second.pools["bulk"].policy.name == "round_robin"  # one replica, no policy key
     assert len(list(second.replicas())) == 3
+
+
+def test_queue_estimate_follows_our_requests_only_when_the_replica_was_queueing() -> None:
+    r = ReplicaState("http://a:1")
+    set_load(r, running=4, waiting=0)
+    r.on_start()
+    assert r.queued() == 0  # it had no queue: our request may have found a free slot
+    set_load(r, running=4, waiting=2)
+    r.on_start()
+    r.on_start()
+    assert r.queued() == 4
+    for _ in range(3):
+        r.on_success()
+    assert r.queued() == 1
+
+
+def test_idle_replica_forgets_an_old_slow_ttft() -> None:
+    r = ReplicaState("http://a:1")
+    r.apply_metrics({m.TTFT_SUM: 0.0, m.TTFT_COUNT: 0}, 1.0)
+    r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2, m.RUNNING: 1}, 2.0)
+    assert r.ttft_ewma_s == 2.0
+    r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2, m.RUNNING: 1}, 3.0)
+    assert r.ttft_ewma_s == 2.0  # busy, no new measurement: keep it
+    r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2}, 4.0)
+    assert r.ttft_ewma_s is None
