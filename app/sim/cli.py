@@ -31,6 +31,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mean-output-tokens", type=int, default=256, help="mean natural length without ignore_eos")
     p.add_argument("--no-default-system-prompt", dest="default_system_prompt", action="store_false",
                    help="do not insert SmolLM2's default system turn")  # fmt: skip
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accept tools with tool_choice auto (as vLLM; needs --tool-call-parser too)")  # fmt: skip
+    p.add_argument("--tool-call-parser", default=None, help="accepted as in vLLM (e.g. hermes)")
     p.add_argument("--no-render-tools", dest="render_tools", action="store_false",
                    help="drop `tools` from the prompt, as SmolLM2's own chat template does")  # fmt: skip
     p.add_argument("--log-level", default="warning")
@@ -58,6 +61,8 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         mean_output_tokens=args.mean_output_tokens,
         default_system_prompt=args.default_system_prompt,
         render_tools=args.render_tools,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
     opts.scheduler_config()
     return opts

@@ -68,6 +68,25 @@ def validate_cache_salt(body: dict[str, Any]) -> str | None:
     return salt
 
 
+def check_tool_choice(body: dict[str, Any], *, auto_tool_choice: bool, tool_parser: str | None) -> None:
+    """vLLM refuses tool calling it was not started for (--enable-auto-tool-choice, --tool-call-parser)."""
+    if not body.get("tools"):
+        return
+    choice = body.get("tool_choice", "auto")
+    if choice == "none":
+        return
+    if choice in (None, "auto"):
+        if not (auto_tool_choice and tool_parser):
+            raise SimHTTPError(
+                400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+            )
+    elif not tool_parser:
+        if choice == "required":
+            raise SimHTTPError(400, 'tool_choice="required" requires --tool-call-parser to be set')
+        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else choice
+        raise SimHTTPError(400, f'tool_choice=function "{name}" requires --tool-call-parser to be set')
+
+
 @dataclass(slots=True)
 class GenRequest:
     """A parsed generation request."""
@@ -108,6 +127,8 @@ def parse_generation(
     header_priority: str | None,
     default_system: str | None,
     render_tools: bool = True,
+    auto_tool_choice: bool = False,
+    tool_parser: str | None = None,
 ) -> GenRequest:
     """Validate a chat or completion body the way vLLM's OpenAI server does, and tokenize its prompt."""
     if not isinstance(body, dict):
@@ -131,6 +152,7 @@ def parse_generation(
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise SimHTTPError(400, "Field required: messages", "Bad Request", "messages")
+        check_tool_choice(body, auto_tool_choice=auto_tool_choice, tool_parser=tool_parser)
         try:
             text = render_chat(
                 messages,

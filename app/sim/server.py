@@ -120,6 +120,8 @@ class GenerationEndpoint:
                 header_priority=prio.decode() if prio is not None else None,
                 default_system=st.default_system,
                 render_tools=st.options.render_tools,
+                auto_tool_choice=st.options.enable_auto_tool_choice,
+                tool_parser=st.options.tool_call_parser,
             )
             pool = st.engine.pool
             if -(-len(gen.prompt_ids) // pool.block_size) > pool.num_blocks:
