@@ -82,6 +82,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     bound.add_argument("--requests", type=_positive(int), default=None,
                        help="requests per run (default max(50, 4 x concurrency))")
     bound.add_argument("--duration", type=_positive(float), default=None, help="seconds of issuing per run")
+    load.add_argument("--warmup", type=int, default=0,
+                      help="send N requests first and leave them out of the summary (on top of --requests)")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--max-tokens", type=_positive(int), default=None, help="override the workload's max_tokens")
     load.add_argument("--mixed-ratio", type=float, default=0.8, help="mixed: share of interactive sessions")
@@ -120,6 +122,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     return BenchSpec(
         base_url=args.base_url, workload=workload, model=args.model, api_key=args.api_key, api_keys=keys,
         tenants=args.tenants, concurrency=args.concurrency[0], rate=args.rate, requests=args.requests,
+        warmup=max(args.warmup, 0),
         duration_s=args.duration, seed=args.seed, max_tokens=args.max_tokens, mixed_ratio=args.mixed_ratio,
         class_header=args.class_header, stream=not args.no_stream, timeout_s=args.timeout,
         extra_body=args.extra_body, time_scale=args.time_scale, slo_ttft_ms=args.slo_ttft_ms,

@@ -86,7 +86,8 @@ def _error_kind(error: str) -> str:
 
 
 def summarize(records: Sequence[RequestRecord], wall_s: float, spec: BenchSpec) -> Summary:
-    """Summarize a run's records; throughput is over the wall time from the first send to the last reply."""
+    """Summarize a run's records (warm-up ones left out); throughput is over `wall_s`."""
+    records = [r for r in records if not r.warmup]
     ok = [r for r in records if r.ok]
     wall = max(wall_s, 1e-9)
     prompt = sum(r.prompt_tokens for r in ok)

@@ -36,6 +36,9 @@ class BenchSpec:
     concurrency: int = 8
     rate: float | None = None  # requests/s, Poisson arrivals; None = closed loop at `concurrency`
     requests: int | None = None
+    # Requests sent first and left out of the summary (on top of `requests`): a closed loop starts with
+    # `concurrency` requests at once, a cold-cache burst that is not the steady state.
+    warmup: int = 0
     duration_s: float | None = None
     seed: int = 0
     max_tokens: int | None = None  # None: the workload's default
@@ -61,10 +64,10 @@ class BenchSpec:
     def request_bound(self) -> int | None:
         """How many requests to send: explicit, else unbounded by count if a duration is set, else a default."""
         if self.requests is not None:
-            return self.requests
+            return self.requests + self.warmup
         if self.duration_s is not None:
             return None
-        return max(50, 4 * self.concurrency)
+        return max(50, 4 * self.concurrency) + self.warmup
 
     def public_dict(self) -> dict[str, Any]:
         """The spec as JSON-ready data, API keys left out."""
@@ -97,6 +100,7 @@ class RequestRecord:
     output_tokens: int = 0
     usage_reported: bool = False
     token_chunks: int = 0
+    warmup: bool = False  # sent during warm-up: kept in the records, left out of the summary
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data."""

@@ -120,3 +120,15 @@ async def test_sweep_runs_each_level_and_json_round_trips() -> None:
     assert [r.spec.concurrency for r in results] == [1, 3]
     doc = orjson.loads(results[1].to_json())
     assert doc["spec"]["concurrency"] == 3 and len(doc["records"]) == 4
+
+
+async def test_warmup_requests_are_sent_but_left_out_of_the_summary() -> None:
+    fake = FakeOpenAI(tokens=2, first_delay_s=0.0, token_delay_s=0.0)
+    async with serving(fake) as url:
+        result = await run_bench(BenchSpec(base_url=url, concurrency=2, requests=6, warmup=4))
+    assert len(fake.received) == 10 and len(result.records) == 10
+    assert [r.warmup for r in result.records] == [True] * 4 + [False] * 6
+    assert result.summary.requests == 6 and result.summary.output_tokens == 6 * 2
+    measured = [r for r in result.records if not r.warmup]
+    window = max(r.start_s + (r.e2e_s or 0) for r in measured) - min(r.start_s for r in measured)
+    assert result.summary.wall_s == pytest.approx(window)
