@@ -70,7 +70,10 @@ class Gateway:
         self.scraper: Scraper | None = None
         self.store = store or create_store(cfg.store)
         self.registry = TenantRegistry(cfg, self.store)
-        self.limiter = Limiter(self.store, self.registry, cfg.store.fail_mode)
+        # A concurrency lease must outlive the longest request the upstream timeout allows.
+        self.limiter = Limiter(
+            self.store, self.registry, cfg.store.fail_mode, lease_s=cfg.upstream.read_timeout_s + 60
+        )
         self.telemetry = telemetry or Telemetry(cfg.telemetry, cfg.pools)
         self.settler = Settler(cfg, self.registry, self.limiter, self.telemetry)
         self.memory = VolatilityMemory(capacity_per_tenant=cfg.normalize.memory_per_tenant)

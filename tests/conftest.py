@@ -12,6 +12,8 @@ from app.api.app import create_app
 from app.config import GatewayConfig, parse_config
 from tests.servers import FakeUpstream, serve_in_thread
 
+pytest_plugins = ["tests.store.redis_fixtures"]
+
 PUBLIC_MODEL = "public-model"
 
 

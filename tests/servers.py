@@ -69,7 +69,7 @@ class FakeUpstream:
                 Route("/v1/completions", self._chat, methods=["POST"]),
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
                 Route("/health", lambda r: Response("")),
-                Route("/metrics", lambda r: Response("vllm:num_requests_running{model_name=\"m\"} %d\n" % self.active)),
+                Route("/metrics", lambda r: Response(f"vllm:num_requests_running{{model_name=\"m\"}} {self.active}\n")),
             ]
         )
 

@@ -23,9 +23,6 @@ from app.store.redis_store import RedisStore
 from app.tenancy import TenantRegistry
 from tests.servers import free_port
 from tests.store.helpers import config, make_ctx
-from tests.store.redis_fixtures import any_store, key_prefix, redis_url
-
-__all__ = ["any_store", "key_prefix", "redis_url"]
 
 
 def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:

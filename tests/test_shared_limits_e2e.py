@@ -27,9 +27,7 @@ import yaml
 
 from app.sim.testing import running_sim
 from tests.servers import free_port
-from tests.store.redis_fixtures import RedisServer, own_redis, redis_url
-
-__all__ = ["own_redis", "redis_url"]
+from tests.store.redis_fixtures import RedisServer
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,7 @@ from app.store.redis_store import RedisStore
 from app.tenancy import TenantRegistry
 from tests.servers import free_port
 from tests.store.helpers import config, make_ctx
-from tests.store.redis_fixtures import RedisServer, any_store, key_prefix, loose_redis_store, own_redis, redis_url
-
-__all__ = ["any_store", "key_prefix", "own_redis", "redis_url"]
+from tests.store.redis_fixtures import RedisServer, loose_redis_store
 
 
 def today() -> str:

@@ -14,9 +14,7 @@ from app.store.redis_store import RedisStore
 from app.tenancy import TenantRegistry, bearer_token, hash_key
 from tests.servers import free_port
 from tests.store.helpers import ACME_KEY, BETA_KEY, config
-from tests.store.redis_fixtures import any_store, key_prefix, redis_dump, redis_url
-
-__all__ = ["any_store", "key_prefix", "redis_url"]
+from tests.store.redis_fixtures import redis_dump
 
 
 class Clock:
