@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from app.routing.state import ReplicaState
 
 
-@dataclass(frozen=True, slots=True)
-class Selection:
+class Selection(NamedTuple):
     """The chosen replica, the one that would have been next, and a stable reason string."""
+
+    # A NamedTuple, not a frozen dataclass: built on every request, and frozen dataclasses are slow to build.
 
     chosen: ReplicaState
     runner_up: ReplicaState | None

@@ -42,19 +42,15 @@ class PrefixAffinity:
         n = len(candidates)
         if n == 1:
             return Selection(candidates[0], None, "prefix_home")
-        loads = [r.load() for r in candidates]
-        scores = [((key ^ r.hash) * GOLDEN64) & MASK64 for r in candidates]  # rendezvous_score, inlined
-        home_i = second_i = 0
-        home_s = second_s = -1
-        for i, s in enumerate(scores):
-            if s > home_s:
-                second_i, second_s = home_i, home_s
-                home_i, home_s = i, s
-            elif s > second_s:
-                second_i, second_s = i, s
+        loads = [r.in_flight + r.external for r in candidates]  # load(), inlined
+        # (rendezvous_score inlined, index): max() over tuples runs in C.
+        ranked = [(((key ^ r.hash) * GOLDEN64) & MASK64, i) for i, r in enumerate(candidates)]
+        top = max(ranked)
+        home_i = top[1]
         if loads[home_i] + 1 <= bound(self.load_bound, sum(loads) + 1, n):
-            return Selection(candidates[home_i], candidates[second_i], "prefix_home")
+            ranked.remove(top)
+            return Selection(candidates[home_i], candidates[max(ranked)[1]], "prefix_home")
         # Spill: the least-loaded replica; among equals, the one ranked highest for this key.
         least = min(loads)
-        least_i = max((scores[i], i) for i in range(n) if loads[i] == least)[1]
+        least_i = max(t for t in ranked if loads[t[1]] == least)[1]
         return Selection(candidates[least_i], candidates[home_i], "prefix_bounded_spill")

@@ -28,11 +28,13 @@ class ReplicaState:
         "bad_streak",
         "breaker",
         "counters",
+        "external",
         "good_streak",
         "hash",
         "healthy",
         "in_flight",
         "in_flight_at_scrape",
+        "in_rotation",
         "index",
         "kv_usage",
         "last_error",
@@ -62,6 +64,9 @@ class ReplicaState:
         self.waiting = 0
         self.kv_usage = 0.0
         self.in_flight_at_scrape = 0
+        # Requests the last scrape saw beyond our own in-flight ones: other clients' (kept current so
+        # load() is one addition; pick reads it for every candidate of every request).
+        self.external = 0
         self.last_scrape = 0.0
         self.counters: dict[str, float] = {}
         self.prefix_hit_rate: float | None = None
@@ -69,6 +74,9 @@ class ReplicaState:
         self.ttft_ewma_s: float | None = None
         self.last_error: str | None = None
         self.breaker = breaker or CircuitBreaker()
+        # healthy and breaker closed, kept current by every method that changes either; a replica that
+        # is healthy with a non-closed breaker is still checked with breaker.allows() (time-based).
+        self.in_rotation = True
 
     def __repr__(self) -> str:
         return f"ReplicaState({self.url!r}, load={self.load()}, healthy={self.healthy})"
@@ -76,17 +84,14 @@ class ReplicaState:
     # --- read by pick -------------------------------------------------------------------------------
 
     def load(self) -> int:
-        """Requests on the replica: the last scrape's running+waiting, moved by our in-flight change since.
-
-        The gateway's own count is exact but blind to other clients; the scrape sees everyone but is up to
-        one interval old. Never below our own in-flight count.
-        """
-        scraped = self.running + self.waiting + self.in_flight - self.in_flight_at_scrape
-        return scraped if scraped > self.in_flight else self.in_flight
+        """Requests on the replica: our in-flight count (exact, current) plus what the last scrape saw
+        beyond it (other clients; up to one interval old). Equivalently: the scrape's running+waiting
+        moved by our in-flight change since, never below our own count."""
+        return self.in_flight + self.external
 
     def available(self) -> bool:
         """In rotation: healthy by probes and the breaker lets a request through."""
-        return self.healthy and self.breaker.allows()
+        return self.in_rotation or (self.healthy and self.breaker.allows())
 
     def queued(self) -> int:
         """Requests waiting now: the scraped queue, moved by our in-flight change when it was queueing.
@@ -115,22 +120,26 @@ class ReplicaState:
         """A request was sent to this replica."""
         self.in_flight += 1
         self.breaker.on_attempt()
+        self._refresh()
 
     def on_success(self) -> None:
         """The replica answered (any status that is not its fault, 4xx included)."""
         self.in_flight = max(self.in_flight - 1, 0)
         self.breaker.record_success()
+        self._refresh()
 
     def on_failure(self, kind: FailureKind) -> None:
         """The replica failed the request: connect error, timeout, 5xx, broken protocol."""
         self.in_flight = max(self.in_flight - 1, 0)
         self.last_error = kind
         self.breaker.record_failure()
+        self._refresh()
 
     def on_release(self) -> None:
         """The request ended without a verdict on the replica (client disconnected, cancelled)."""
         self.in_flight = max(self.in_flight - 1, 0)
         self.breaker.release()
+        self._refresh()
 
     def on_first_token(self, seconds: float) -> None:
         """The gateway measured a TTFT on this replica."""
@@ -153,6 +162,7 @@ class ReplicaState:
                 self.healthy = False
             self.clear_metrics()
         self.probed = True
+        self._refresh()
 
     def apply_metrics(self, sample: Mapping[str, float], now: float) -> None:
         """Record one /metrics scrape (series as parse_metrics returns them)."""
@@ -160,6 +170,7 @@ class ReplicaState:
         self.waiting = int(sample.get(m.WAITING, 0.0))
         self.kv_usage = min(max(sample.get(m.KV_USAGE, 0.0), 0.0), 1.0)
         self.in_flight_at_scrape = self.in_flight
+        self.external = max(self.running + self.waiting - self.in_flight, 0)
         prev = self.counters
         hits = self._delta(prev, sample, m.PREFIX_HITS)
         queries = self._delta(prev, sample, m.PREFIX_QUERIES)
@@ -186,6 +197,10 @@ class ReplicaState:
         self.waiting = 0
         self.kv_usage = 0.0
         self.in_flight_at_scrape = self.in_flight
+        self.external = 0
+
+    def _refresh(self) -> None:
+        self.in_rotation = self.healthy and self.breaker.state == "closed"
 
     @staticmethod
     def _delta(prev: Mapping[str, float], cur: Mapping[str, float], name: str) -> float | None:
@@ -217,8 +232,12 @@ class PoolState:
         """Replicas in rotation, minus those already tried."""
         # available(), inlined: this runs on every request.
         if exclude:
-            return [r for r in self.replicas if r.healthy and r.breaker.allows() and r.url not in exclude]
-        return [r for r in self.replicas if r.healthy and r.breaker.allows()]
+            return [
+                r
+                for r in self.replicas
+                if (r.in_rotation or (r.healthy and r.breaker.allows())) and r.url not in exclude
+            ]
+        return [r for r in self.replicas if r.in_rotation or (r.healthy and r.breaker.allows())]
 
 
 class ClusterState:

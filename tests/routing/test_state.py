@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from app.routing import promtext as m
+from app.routing.breaker import BreakerConfig, CircuitBreaker
 from app.routing.state import ClusterState, ReplicaState
 from tests.routing.factory import make_config, set_load
 
@@ -134,3 +135,17 @@ def test_idle_replica_forgets_an_old_slow_ttft() -> None:
     assert r.ttft_ewma_s == 2.0  # busy, no new measurement: keep it
     r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2}, 4.0)
     assert r.ttft_ewma_s is None
+
+
+def test_open_breaker_readmits_one_trial_after_cooldown_then_closes_on_success() -> None:
+    now = [0.0]
+    r = ReplicaState("http://a:1", breaker=CircuitBreaker(BreakerConfig(failures=1, open_s=1.0), lambda: now[0]))
+    r.on_start()
+    r.on_failure("timeout")
+    assert not r.available()
+    now[0] = 1.5
+    assert r.available()
+    r.on_start()  # the trial
+    assert not r.available()
+    r.on_success()
+    assert r.available() and r.in_rotation
