@@ -88,6 +88,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     load.add_argument("--max-tokens", type=_positive(int), default=None, help="override the workload's max_tokens")
     load.add_argument("--mixed-ratio", type=float, default=0.8, help="mixed: share of interactive sessions")
     load.add_argument("--class-header", default="x-kvgate-class", help="mixed: header carrying the class")
+    load.add_argument("--tool-choice", choices=["none", "auto", "omit"], default="none",
+                      help="agent: tool_choice to send (none works on engines without tool parsing; "
+                           "the tools still reach the prompt)")
     load.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
     load.add_argument("--extra-body", type=_json_object, default={},
                       help='JSON merged into every request body, e.g. \'{"ignore_eos": true}\' for vLLM')
@@ -124,7 +127,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         tenants=args.tenants, concurrency=args.concurrency[0], rate=args.rate, requests=args.requests,
         warmup=max(args.warmup, 0),
         duration_s=args.duration, seed=args.seed, max_tokens=args.max_tokens, mixed_ratio=args.mixed_ratio,
-        class_header=args.class_header, stream=not args.no_stream, timeout_s=args.timeout,
+        class_header=args.class_header, tool_choice=args.tool_choice, stream=not args.no_stream, timeout_s=args.timeout,
         extra_body=args.extra_body, time_scale=args.time_scale, slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms, pricing=pricing,
         progress=not args.quiet and sys.stderr.isatty(),

@@ -44,6 +44,7 @@ class BenchSpec:
     max_tokens: int | None = None  # None: the workload's default
     mixed_ratio: float = 0.8  # share of interactive sessions in the mixed workload
     class_header: str = "x-kvgate-class"
+    tool_choice: str = "none"  # agent workloads: none | auto | omit
     stream: bool = True
     timeout_s: float = 300.0
     slo_ttft_ms: float | None = None

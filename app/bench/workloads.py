@@ -192,6 +192,9 @@ class WorkloadOptions:
     max_tokens: int | None = None
     mixed_ratio: float = 0.8
     class_header: str = "x-kvgate-class"
+    # "none" works against an engine started without tool parsing (vLLM refuses "auto" then) and still puts
+    # the tools into the prompt; "auto" is what a real agent sends; "omit" leaves the field out.
+    tool_choice: str = "none"
 
     def tenant_count(self) -> int:
         """Tenants to spread sessions over: one per given key, else `tenants`."""
@@ -247,6 +250,8 @@ class Workload:
         s = self._base(index, rng, "interactive", turns, 192)
         s.system = self._agent_system
         s.tools = self._tools
+        if self.options.tool_choice != "omit":
+            s.extra_body = {"tool_choice": self.options.tool_choice}
         # agent-static is the ceiling arm: nothing volatile, tools byte-identical on every request.
         s.volatile_header = s.shuffle_tools = self.name == "agent"
         return s

@@ -128,6 +128,15 @@ def test_sessions_spread_over_tenant_keys() -> None:
     assert single.session(5).api_key == "sk-one"
 
 
+def test_agent_tool_choice_defaults_to_none_and_can_be_auto_or_left_out() -> None:
+    def body(**kw: str) -> dict:
+        return Workload("agent", WorkloadOptions(**kw)).session(0).next_request(MODEL, True).body
+
+    assert body()["tool_choice"] == "none"
+    assert body(tool_choice="auto")["tool_choice"] == "auto"
+    assert "tool_choice" not in body(tool_choice="omit")
+
+
 def test_unknown_workload_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown workload"):
         Workload("nope", WorkloadOptions())
