@@ -26,7 +26,7 @@ from app.normalize.rules import (
 # scan stays O(1) per message however long the prompt is. Lines after this offset are left alone.
 HEAD_CHARS = 2048
 MAX_VALUE_CHARS = 120
-_NEIGHBOUR_STEPS = 8
+_NEIGHBOUR_STEPS = 256  # a bound for pathological runs of blank/metadata lines
 MAX_LINE_CHARS = 200
 _DIGIT_LINE_RX = re.compile(r"\d[^\n]*")
 MAX_LABEL_CHARS = 40
@@ -71,29 +71,28 @@ def find_candidates(
 ) -> list[Candidate]:
     """Metadata lines in the head of `text` whose spans all match allowed rules (outside protected parts).
 
-    With `memory`, paragraphs already found to hold no metadata are skipped by hash: static prompt
-    text is the same on every request, so the steady-state cost is one hash per head paragraph plus
-    the parse of the lines that do change.
+    The head is measured in static characters (newlines and metadata lines not counted), so moving
+    lines out never pulls new lines into it: that keeps normalization idempotent. With `memory`,
+    paragraphs already found to hold no metadata are skipped by hash: static prompt text is the same
+    on every request, so the steady-state cost is one hash per head paragraph plus the parse of the
+    lines that do change.
     """
-    if len(text) <= HEAD_CHARS:
-        limit = len(text)
-    else:
-        limit = text.rfind("\n", 0, HEAD_CHARS)
-        if limit <= 0:
-            return []
     parsed_lines: list[_Line] = []
+    budget = HEAD_CHARS
     para_start = 0
-    while para_start < limit:
-        para_end = text.find("\n\n", para_start, limit)
-        para_end = limit if para_end < 0 else para_end
+    n = len(text)
+    while para_start < n and budget > 0:
+        para_end = text.find("\n\n", para_start)
+        para_end = n if para_end < 0 else para_end
         para_hash = 0
         if memory is not None:
             para_hash = hash(text[para_start:para_end])
             if memory.is_static_text(para_hash, allowed):
+                budget -= para_end - para_start - text.count("\n", para_start, para_end)
                 para_start = para_end + 2
                 continue
-        found = _scan_paragraph(text, para_start, para_end, allowed, now, parsed_lines)
-        if not found and memory is not None:
+        found, budget = _scan_paragraph(text, para_start, para_end, allowed, now, parsed_lines, budget)
+        if not found and budget > 0 and memory is not None:  # only a fully scanned paragraph is cached
             memory.add_static_text(para_hash, allowed)
         para_start = para_end + 2
     if not parsed_lines:
@@ -222,25 +221,33 @@ def remove_spans(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str
 
 
 def _scan_paragraph(
-    text: str, start: int, end: int, allowed: frozenset[str], now: datetime, out: list[_Line]
-) -> bool:
-    """Parse the digit-bearing lines of one paragraph into `out`; whether any was metadata."""
+    text: str, start: int, end: int, allowed: frozenset[str], now: datetime, out: list[_Line], budget: int
+) -> tuple[bool, int]:
+    """Parse the digit-bearing lines of one paragraph into `out` while static characters remain in the
+    head budget; whether any was metadata, and the budget left."""
     found = False
     pos = start
     while True:
         # Every rule's span holds a digit: one C-level search per digit-bearing line finds them all.
         m = _DIGIT_LINE_RX.search(text, pos, end)
         if m is None:
-            return found
+            return found, budget - (end - pos - text.count("\n", pos, end))
         line_end = m.end()
         line_start = text.rfind("\n", 0, m.start()) + 1
-        pos = line_end + 1
-        if line_end - line_start > MAX_LINE_CHARS:
-            continue
-        parsed = _parse_line(text, line_start, line_end, allowed, now)
-        if parsed is not None:
+        budget -= line_start - pos - text.count("\n", pos, line_start)
+        if budget <= 0:
+            return found, budget
+        parsed = None
+        if line_end - line_start <= MAX_LINE_CHARS:
+            parsed = _parse_line(text, line_start, line_end, allowed, now)
+        if parsed is None:
+            budget -= line_end - line_start
+        else:
             out.append(parsed)
             found = True
+        pos = line_end + 1
+        if pos >= end:
+            return found, budget
 
 
 def _parse_line(

@@ -159,14 +159,25 @@ def _prompt_texts(body: dict[str, Any]) -> tuple[list[_Text], list[str]]:
 
 
 def _learn(texts: list[_Text], allowed: frozenset[str], memory: TenantMemory, now: datetime) -> None:
-    """Find candidates in every scanned text, teach the memory, keep the ones known to be volatile."""
+    """Find candidates in every scanned text, teach the memory, keep the ones known to be volatile.
+
+    Lines that share a key inside one text (same skeleton, same neighbours) are one unit: observed
+    once with the hash of all their values, moved together or not at all. Observing them one by one
+    would let a request contradict itself and make the outcome depend on line order.
+    """
     for t in texts:
         slot = (t.msg_index, t.part_index)
         t.scan = scan_text(t.text, slot, allowed, now, memory)
+        groups: dict[int, list[Candidate]] = {}
         for c in t.scan.candidates:
-            presume = memory.peek(c.key) is None and c.presume_volatile()
-            if memory.observe(c.key, c.value, presume):
-                t.moving.append(c)
+            groups.setdefault(c.key, []).append(c)
+        for key, group in groups.items():
+            value = group[0].value if len(group) == 1 else hash(tuple(c.value for c in group))
+            presume = memory.peek(key) is None and any(c.presume_volatile() for c in group)
+            if memory.observe(key, value, presume):
+                t.moving.extend(group)
+        if len(groups) < len(t.scan.candidates):
+            t.moving.sort(key=lambda c: c.start)
 
 
 def _refers_by_position(texts: list[_Text], refs: list[str]) -> bool:

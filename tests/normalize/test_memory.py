@@ -61,3 +61,27 @@ def test_positional_answers_are_cached_by_hash() -> None:
 def test_invalid_bounds_are_refused() -> None:
     with pytest.raises(ValueError):
         VolatilityMemory(capacity_per_tenant=0)
+
+
+def test_memory_holds_hashes_and_rule_names_only() -> None:
+    from app.normalize import RULES
+    from tests.normalize.helpers import STATIC_SYSTEM, chat_body, header, run
+
+    memory = VolatilityMemory()
+    for i in range(3):
+        run(chat_body(header(i) + STATIC_SYSTEM * 4, user=header(i + 9) + "hi"), memory=memory)
+
+    def leaves(obj: object) -> list[object]:
+        if isinstance(obj, dict):
+            return [x for k, v in obj.items() for x in (*leaves(k), *leaves(v))]
+        if isinstance(obj, list | tuple):
+            return [x for v in obj for x in leaves(v)]
+        if isinstance(obj, frozenset):
+            assert obj <= set(RULES)
+            return []
+        if hasattr(obj, "__slots__") and not isinstance(obj, int):
+            return [x for name in obj.__slots__ for x in leaves(getattr(obj, name))]
+        return [obj]
+
+    found = leaves(list(memory._tenants.values()))  # keyed by tenant id; below that, numbers only
+    assert found and all(x is None or isinstance(x, int) for x in found)

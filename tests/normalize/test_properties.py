@@ -34,7 +34,13 @@ prose = st.text(
 fenced = st.lists(st.one_of(volatile_line, prose), max_size=3).map(lambda ls: "```\n" + "\n".join(ls) + "\n```")
 few_shot = st.sampled_from(["Date: 2024-01-05", "Example (2023-03-01): ship it", "the date above is fixed"])
 line = st.one_of(volatile_line, volatile_line, prose, fenced, few_shot, st.just(""))
-text = st.lists(line, max_size=10).map("\n".join)
+short_text = st.lists(line, max_size=10).map("\n".join)
+# Long static padding takes texts past the small-text path, into the cached (shape) fast path.
+PADDING = "\n".join(f"Rule {i}: answer politely and never share internal notes with anyone." for i in range(12))
+text = st.one_of(
+    short_text,
+    st.tuples(short_text, short_text).map(lambda t: t[0] + "\n" + PADDING + "\n" + t[1]),
+)
 
 
 @st.composite

@@ -184,3 +184,24 @@ def test_report_header_never_carries_values() -> None:
     _, report = run(body, memory=VolatilityMemory())
     value = report.header()
     assert "req_" not in value and "2026" not in value and value.startswith("on;moved=3;rules=")
+
+
+def test_a_change_outside_the_known_lines_is_still_learned() -> None:
+    memory = VolatilityMemory()
+    padding = STATIC_SYSTEM * 3  # long enough for the cached fast path
+    for i in range(3):
+        run(chat_body(header(i) + padding), memory=memory)
+    out, report = run(chat_body(header(3) + padding + "Deadline: 2026-12-04\n"), memory=memory)
+    assert report.moved_total == 3  # the new line is seen once: not yet known to change
+    out, report = run(chat_body(header(4) + padding + "Deadline: 2026-12-05\n"), memory=memory)
+    assert report.moved == {"iso_datetime": 1, "prefixed_id": 1, "uuid": 1, "date": 1}
+    assert out["messages"][0]["content"] == padding
+
+
+def test_alternating_templates_both_keep_their_static_prefix() -> None:
+    memory = VolatilityMemory()
+    prompts = [STATIC_SYSTEM * 3, "You are terse.\n" * 60]
+    for i in range(6):
+        static = prompts[i % 2]
+        out, report = run(chat_body(header(i) + static), memory=memory)
+        assert out["messages"][0]["content"] == static and report.moved_total == 3
