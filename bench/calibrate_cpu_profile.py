@@ -84,6 +84,19 @@ async def prefill(session: aiohttp.ClientSession, url: str, model: str, rng: ran
     return out
 
 
+async def prefix_prefill(
+    session: aiohttp.ClientSession, url: str, model: str, rng: random.Random, ctx: int = 1024
+) -> list[tuple[int, float]]:
+    """(new tokens, TTFT) for prompts that extend a cached `ctx`-token prefix."""
+    prefix = _prompt(rng, ctx)
+    await stream_once(session, url, model, prefix + _prompt(rng, 8), 1)  # caches the prefix
+    out = []
+    for n in (32, 256, 640, 32, 256, 640):
+        t = await stream_once(session, url, model, prefix + _prompt(rng, n), 1)
+        out.append((n, t.ttft))
+    return out
+
+
 async def decode(
     session: aiohttp.ClientSession, url: str, model: str, rng: random.Random, batch: int, ctx: int = 32
 ) -> float:
@@ -130,11 +143,15 @@ async def measure(url: str, seed: int, budget_s: float) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=budget_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         model = await _model(session, url)
+        # Prompts must miss the cache: start from an empty one (vLLM answers {"success": ...}).
+        async with session.post(url + "/reset_prefix_cache") as r:
+            await r.read()
         await stream_once(session, url, model, _prompt(rng, 16), 4)  # warm-up
         pre = await prefill(session, url, model, rng)
+        pre_ctx = await prefix_prefill(session, url, model, rng)
         dec = [(b, await decode(session, url, model, rng, b)) for b in DECODE_BATCHES]
         long_ctx = await decode(session, url, model, rng, 1, ctx=1536)
-    return {"prefill": pre, "decode": dec, "long_ctx_gap": long_ctx}
+    return {"prefill": pre, "prefix_prefill": pre_ctx, "decode": dec, "long_ctx_gap": long_ctx}
 
 
 async def measure_spec(url: str, seed: int, budget_s: float) -> dict[str, Any]:
@@ -170,9 +187,15 @@ def report(name: str, m: dict[str, Any]) -> dict[str, float]:
     kv = max((m["long_ctx_gap"] - m["decode"][0][1]) / (1536 - short_ctx), 0.0)
     print(f"\n== {name}")
     print("prefill  N  TTFT_ms: " + "  ".join(f"{n}:{t * 1e3:.0f}" for n, t in m["prefill"]))
+    a_ctx, b_ctx = fit([(float(n), t) for n, t in m["prefix_prefill"]])
+    print("prefill after a cached 1024-token prefix, N TTFT_ms: "
+          + "  ".join(f"{n}:{t * 1e3:.0f}" for n, t in m["prefix_prefill"]))  # fmt: skip
+    print(f"  -> per new token with 1024 cached: {b_ctx * 1e3:.3f} ms (uncached fit at N=1024: "
+          f"{(b_pre + 2 * c_pre * 1024) * 1e3:.3f} ms marginal)")  # fmt: skip
     print("decode   B  gap_ms : " + "  ".join(f"{b}:{g * 1e3:.1f}" for b, g in m["decode"]))
     print(f"long ctx (1536) gap at B=1: {m['long_ctx_gap'] * 1e3:.1f} ms")
-    fitted = {"ttft_intercept_s": a_pre, "prefill_token_s": b_pre, "prefill_attn_s": c_pre, "base_s": a_dec,
+    fitted = {"ttft_intercept_s": a_pre, "prefill_token_s": b_pre, "prefill_attn_s": c_pre,
+              "prefix_ttft_intercept_s": a_ctx, "prefix_token_s": b_ctx, "base_s": a_dec,
               "decode_seq_s": b_dec, "kv_token_s": kv}  # fmt: skip
     print("fitted: " + ", ".join(f"{k}={v:.3g}" for k, v in fitted.items()))
     return fitted
@@ -184,9 +207,11 @@ async def main() -> None:
     p.add_argument("--url", default="http://127.0.0.1:8002", help="a real vLLM-CPU server (no speculation)")
     p.add_argument("--spec-url", default=None, help="a real vLLM-CPU server with ngram speculation")
     p.add_argument("--sim-url", default=None, help="a kvgate sim --profile cpu-smollm2 to compare")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=None, help="prompt seed (default: the clock, so nothing is cached)")
     p.add_argument("--budget-s", type=float, default=240.0, help="hard time bound per server")
     args = p.parse_args()
+    if args.seed is None:
+        args.seed = time.time_ns()
     real = await measure(args.url, args.seed, args.budget_s)
     fr = report(f"real {args.url}", real)
     if args.spec_url:

@@ -83,12 +83,12 @@ async def client(url: str, n: int, ramp_s: float, window_s: float, max_tokens: i
         ramp = time.perf_counter() - t0
         async with session.get(url + "/metrics") as r:
             m0 = scrape(await r.text())
-        w0 = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.process_time()
         measuring = True
         await asyncio.sleep(window_s)
         async with session.get(url + "/metrics") as r:
             m1 = scrape(await r.text())
-        w1 = time.perf_counter()
+        w1, c1 = time.perf_counter(), time.process_time()
         measuring = False
         for t in tasks:
             t.cancel()
@@ -103,7 +103,8 @@ async def client(url: str, n: int, ramp_s: float, window_s: float, max_tokens: i
         "streams": n, "started": started, "ramp_s": ramp, "running": m1.get("vllm:num_requests_running", 0),
         "errors": errors, "ideal_tok_s": gen / modeled if modeled else 0.0, "achieved_tok_s": gen / wall,
         "ratio": (gen / wall) / (gen / modeled) if gen and modeled else 0.0, "late_share": late / wall,
-        "sim_cpu_share": cpu / wall, "cpu_us_per_token": 1e6 * cpu / gen if gen else 0.0,
+        "sim_cpu_share": cpu / wall, "client_cpu_share": (c1 - c0) / wall,
+        "cpu_us_per_token": 1e6 * cpu / gen if gen else 0.0,
         # What one full core could push at this per-token CPU cost (robust when the core is shared).
         "core_capacity_tok_s": gen / cpu if cpu else 0.0,
         "modeled_step_ms": 1e3 * modeled / steps if steps else 0.0,
@@ -164,6 +165,7 @@ def main() -> None:
         return
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     cols = ("streams", "started", "running", "errors", "ideal_tok_s", "achieved_tok_s", "ratio", "sim_cpu_share",
+            "client_cpu_share",
             "cpu_us_per_token", "core_capacity_tok_s", "modeled_step_ms", "wall_step_ms", "client_gap_p50_ms",
             "client_gap_p99_ms")  # fmt: skip
     print(f"profile {args.profile}, sim on core {args.sim_core}, client on core {args.client_core}, "
