@@ -158,6 +158,8 @@ class Scheduler:
                 new = pool.allocate(need)
                 assert new is not None
                 req.blocks.extend(new)
+            # Like vLLM's allocate_slots: blocks this step will fill are findable at once (drafts excluded).
+            self._commit(req, min(req.num_computed + total, req.num_tokens))
             out[id(req)] = Scheduled(req, total, drafts)
             budget -= total
             i += 1
@@ -193,6 +195,7 @@ class Scheduler:
                 req.cached_tokens = hit_tokens
                 req.scheduled_ts = now
             req.status = Status.RUNNING
+            self._commit(req, hit_tokens + num_new)
             self.running.append(req)
             out[id(req)] = Scheduled(req, num_new, 0)
             budget -= num_new
@@ -230,8 +233,7 @@ class Scheduler:
                 continue  # aborted while the step ran
             req.num_computed += s.num_new - s.num_draft
             if req.num_computed < req.num_tokens:
-                self._commit(req)  # a prefill chunk: its full blocks become cacheable
-                continue
+                continue  # a prefill chunk: nothing sampled yet
             accepted = 0
             if s.num_draft:
                 while accepted < s.num_draft and rng.random() < accept:
@@ -262,7 +264,6 @@ class Scheduler:
             if base == 0:
                 req.first_token_ts = now
             req.last_token_ts = now
-            self._commit(req)
             produced.append((req, n_new))
             if reason is not None:
                 req.finish_reason = reason
@@ -272,8 +273,9 @@ class Scheduler:
                 finished.append(req)
         return produced, finished
 
-    def _commit(self, req: SimRequest) -> None:
-        full = req.num_computed // self.pool.block_size
+    def _commit(self, req: SimRequest, upto: int) -> None:
+        """Cache the request's full blocks among its first `upto` tokens."""
+        full = upto // self.pool.block_size
         if full <= req.num_cached_blocks:
             return
         req.extend_hashes()

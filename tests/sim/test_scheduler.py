@@ -165,3 +165,14 @@ def test_abort_frees_blocks_and_leaves_the_queues() -> None:
     assert running.status is Status.FINISHED and running.finish_reason == "abort"
     assert not s.has_work()
     assert s.pool.num_free == 20
+
+
+def test_blocks_are_findable_from_the_step_that_computes_them() -> None:
+    # vLLM caches blocks at allocation: a twin admitted in the same step already hits them.
+    s = Scheduler(SchedulerConfig(), BlockPool(100))
+    a, b = _req("a", 3 * BLOCK_SIZE + 5, 2, seq=0), _req("b", 3 * BLOCK_SIZE + 5, 2, seq=1)
+    s.add(a)
+    s.add(b)
+    batch, _ = _step(s)
+    assert [x.req.rid for x in batch] == ["a", "b"]
+    assert (a.cached_tokens, b.cached_tokens) == (0, 3 * BLOCK_SIZE)
