@@ -19,6 +19,8 @@ from app.routing.policy import Policy
 FailureKind = Literal["connect", "timeout", "status_5xx", "protocol"]
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
+IDLE_TTFT_DECAY = 0.5
+MIN_TTFT_S = 0.001  # below this the estimate is dropped: "unknown", i.e. not over any SLO
 
 
 class ReplicaState:
@@ -184,10 +186,12 @@ class ReplicaState:
         ttft_count = self._delta(prev, sample, m.TTFT_COUNT)
         if ttft_sum is not None and ttft_count:
             self._observe_ttft(ttft_sum / ttft_count)
-        elif self.running == 0 and self.waiting == 0 and self.in_flight == 0:
-            # Idle and nothing new measured: an old slow TTFT says nothing about the next request. Without
-            # this, a pool whose traffic all spilled away would keep its bad TTFT, and keep spilling, forever.
-            self.ttft_ewma_s = None
+        elif self.ttft_ewma_s is not None and self.running == 0 and self.waiting == 0 and self.in_flight == 0:
+            # Idle and nothing new measured: an idle replica answers faster than its busy past, so the
+            # estimate relaxes (halves per idle scrape). Without this a pool whose traffic all spilled
+            # away would keep its bad TTFT, and keep spilling, forever.
+            halved = self.ttft_ewma_s * IDLE_TTFT_DECAY
+            self.ttft_ewma_s = halved if halved >= MIN_TTFT_S else None
         self.counters = {k: v for k, v in sample.items() if k in m.COUNTERS}
         self.last_scrape = now
 

@@ -148,13 +148,20 @@ def test_no_cross_pool_failover_when_spill_is_disabled() -> None:
 
 def test_interactive_returns_home_once_the_spilled_away_pool_is_idle_again() -> None:
     cluster = make_cluster(make_config())
-    for r in cluster.pools["fast"].replicas:
-        r.apply_metrics({"vllm:time_to_first_token_seconds_sum": 0.0, "vllm:time_to_first_token_seconds_count": 0}, 1.0)
-        r.apply_metrics({"vllm:time_to_first_token_seconds_sum": 2.0, "vllm:time_to_first_token_seconds_count": 2,
-                         "vllm:num_requests_running": 3}, 2.0)
+    fast = cluster.pools["fast"].replicas
+
+    def scrape(ttft_sum: float, count: int, running: int, t: float) -> None:
+        for r in fast:
+            r.apply_metrics({"vllm:time_to_first_token_seconds_sum": ttft_sum,
+                             "vllm:time_to_first_token_seconds_count": count,
+                             "vllm:num_requests_running": running}, t)
+
+    scrape(0.0, 0, 0, 1.0)
+    scrape(4.0, 2, 3, 2.0)  # 2 s TTFT against a 500 ms SLO
     assert route(cluster, INTERACTIVE).pool == "bulk"
-    for r in cluster.pools["fast"].replicas:  # drained, nothing new measured
-        r.apply_metrics({"vllm:time_to_first_token_seconds_sum": 2.0, "vllm:time_to_first_token_seconds_count": 2}, 3.0)
+    scrape(4.0, 2, 0, 3.0)  # drained, nothing new measured: the estimate halves to 1 s
+    assert route(cluster, INTERACTIVE).pool == "bulk"
+    scrape(4.0, 2, 0, 4.0)  # 0.5 s: no longer over the SLO
     assert route(cluster, INTERACTIVE).pool == "fast"
 
 

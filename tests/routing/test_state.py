@@ -126,15 +126,19 @@ def test_queue_estimate_follows_our_requests_only_when_the_replica_was_queueing(
     assert r.queued() == 1
 
 
-def test_idle_replica_forgets_an_old_slow_ttft() -> None:
+def test_idle_replica_relaxes_an_old_slow_ttft_until_it_is_dropped() -> None:
     r = ReplicaState("http://a:1")
     r.apply_metrics({m.TTFT_SUM: 0.0, m.TTFT_COUNT: 0}, 1.0)
     r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2, m.RUNNING: 1}, 2.0)
     assert r.ttft_ewma_s == 2.0
     r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2, m.RUNNING: 1}, 3.0)
     assert r.ttft_ewma_s == 2.0  # busy, no new measurement: keep it
-    r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2}, 4.0)
-    assert r.ttft_ewma_s is None
+    seen = []
+    for t in range(4, 30):
+        r.apply_metrics({m.TTFT_SUM: 4.0, m.TTFT_COUNT: 2}, float(t))
+        seen.append(r.ttft_ewma_s)
+    assert seen[:2] == [1.0, 0.5]
+    assert seen[-1] is None
 
 
 def test_open_breaker_readmits_one_trial_after_cooldown_then_closes_on_success() -> None:
