@@ -14,6 +14,8 @@ class Shape(NamedTuple):
     """Last scan of one message slot: which lines were metadata, a hash of the rest, its positional answer."""
 
     line_indices: tuple[int, ...]
+    prefix_lens: tuple[int, ...]  # length of each line's text before its value (label, bullet)
+    prefix_hashes: tuple[int, ...]
     keys: tuple[int, ...]
     skeletons: tuple[int, ...]  # hashes of each line with its spans blanked out
     rest_hash: int

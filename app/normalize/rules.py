@@ -48,7 +48,8 @@ SPAN_RX = re.compile(
          |(?:{_WDAY},?[ ]+)?[0-3]?\d(?:st|nd|rd|th)?[ ]+{_MONTH},?[ ]+\d{{4}})
         (?![\w/-]))
     |(?P<prefixed_id>(?<![\w-])
-        (?:(?i:req|request|trace|span|sess|session|run|msg|conv|chatcmpl|call|evt|txn|corr|job|task)
+        (?:(?i:req|request|trace|span|sess|session|run|msg|conv|chatcmpl|call|evt|txn|corr|job|task
+              |user|usr|cus|cust|acct|org|tenant|dev|thread)
              [_:-](?=[\w-]*\d)[A-Za-z0-9][\w-]{{5,63}}
          |(?i:session|trace|request|run)[ ]+(?:(?i:id)[ ]+)?(?=[\w-]*\d)[\w-]{{8,64}})
         (?![\w-]))
@@ -75,6 +76,12 @@ NOW_LABEL_RX = re.compile(
 # Labels that name a per-request or per-session identifier.
 ID_LABEL_RX = re.compile(
     r"\b(?:request|req|trace|span|session|sess|correlation|conversation|run|invocation|call|message|msg)\b",
+    re.IGNORECASE,
+)
+# Labels of per-user/per-account identifiers: candidates (they differ between sessions), never presumed
+# volatile at first sight (they are stable for one user), so only learning moves them.
+ENTITY_LABEL_RX = re.compile(
+    r"\b(?:user|usr|customer|client|account|acct|tenant|org|organi[sz]ation|device|workspace|thread)\b",
     re.IGNORECASE,
 )
 # Labels of content identifiers: moving these would change what the text is about (git SHAs, versions).

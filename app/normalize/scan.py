@@ -11,6 +11,7 @@ from app.normalize.regions import in_ranges, protected_ranges, refers_by_positio
 from app.normalize.rules import (
     CONTENT_LABEL_RX,
     DATE_WORDS,
+    ENTITY_LABEL_RX,
     FILLER_RX,
     ID_LABEL_RX,
     ID_RULES,
@@ -47,6 +48,7 @@ class Candidate(NamedTuple):
     value: int  # hash of the span texts
     label: str | None
     skeleton: str
+    value_start: int
 
     def presume_volatile(self) -> bool:
         """Whether to count this line volatile before it has been seen to change (see `_presume`)."""
@@ -60,6 +62,7 @@ class _Line(NamedTuple):
     skeleton: str
     values: tuple[str, ...]
     label: str | None
+    value_start: int
 
 
 def find_candidates(
@@ -113,7 +116,7 @@ def _keyed(text: str, slot: object, lines: list[_Line]) -> list[Candidate]:
         prev_line = _neighbour(text, ln.start, starts, backwards=True)
         next_line = _neighbour(text, ln.end, starts, backwards=False)
         key = hash((slot, ln.skeleton, prev_line, next_line))
-        out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton))
+        out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton, ln.value_start))
     return out
 
 
@@ -159,14 +162,17 @@ def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, m
     if refers is None:
         refers = refers_by_position(rest)
         memory.add_positional(rest_hash, refers)
+    prefix_lens = tuple(c.value_start - c.start for c in candidates)
     memory.add_shape(
         slot_key,
         Shape(
-            tuple(text.count("\n", 0, c.start) for c in candidates),
-            tuple(c.key for c in candidates),
-            tuple(hash(c.skeleton) for c in candidates),
-            rest_hash,
-            refers,
+            line_indices=tuple(text.count("\n", 0, c.start) for c in candidates),
+            prefix_lens=prefix_lens,
+            prefix_hashes=tuple(hash(text[c.start : c.value_start]) for c in candidates),
+            keys=tuple(c.key for c in candidates),
+            skeletons=tuple(hash(c.skeleton) for c in candidates),
+            rest_hash=rest_hash,
+            refers=refers,
         ),
         allowed,
     )
@@ -174,11 +180,18 @@ def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, m
 
 
 def _reparse(text: str, shape: Shape, allowed: frozenset[str], now: datetime) -> list[Candidate] | None:
-    """Re-parse the shape's lines; None unless each is still metadata with the same skeleton."""
+    """Re-parse the shape's lines; None unless each is still metadata with the same skeleton.
+
+    A line whose text up to its value is unchanged (checked by hash) skips the label split and the
+    prose filter: only its value is re-read.
+    """
     out: list[Candidate] = []
     index = 0
     pos = 0
-    for target, key, skeleton_hash in zip(shape.line_indices, shape.keys, shape.skeletons, strict=True):
+    n = len(text)
+    for target, prefix_len, prefix_hash, key, skeleton_hash in zip(
+        shape.line_indices, shape.prefix_lens, shape.prefix_hashes, shape.keys, shape.skeletons, strict=True
+    ):
         while index < target:
             newline = text.find("\n", pos)
             if newline < 0:
@@ -186,12 +199,20 @@ def _reparse(text: str, shape: Shape, allowed: frozenset[str], now: datetime) ->
             pos = newline + 1
             index += 1
         end = text.find("\n", pos)
-        end = len(text) if end < 0 else end
-        ln = _parse_line(text, pos, end, allowed, now) if end - pos <= MAX_LINE_CHARS else None
+        end = n if end < 0 else end
+        if end - pos > MAX_LINE_CHARS:
+            return None
+        value_start = pos + prefix_len
+        ln = None
+        if value_start < end and hash(text[pos:value_start]) == prefix_hash:
+            value_end = pos + len(text[pos:end].rstrip(" \t"))
+            ln = _parse_value(text, pos, end, None, value_start, value_end, allowed, now)
+        if ln is None:  # new label, or a label-only rule that needs the label: the full parse
+            ln = _parse_line(text, pos, end, allowed, now)
         if ln is None or hash(ln.skeleton) != skeleton_hash:
             return None
         # Same skeleton and (checked by the caller) same rest: same neighbours, so the same key.
-        out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton))
+        out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton, ln.value_start))
     return out
 
 
@@ -263,6 +284,20 @@ def _parse_line(
         return None  # prose, not a metadata value: rejected before any (costly) span regex runs
     if label is not None and CONTENT_LABEL_RX.search(label):
         return None  # commit SHAs, versions, checksums: content, not request metadata
+    return _parse_value(text, line_start, line_end, label, value_start, value_end, allowed, now)
+
+
+def _parse_value(
+    text: str,
+    line_start: int,
+    line_end: int,
+    label: str | None,
+    value_start: int,
+    value_end: int,
+    allowed: frozenset[str],
+    now: datetime,
+) -> _Line | None:
+    """The spans of a metadata value, if nothing but filler surrounds them."""
     spans = [(m.lastgroup or "", m.start(), m.end()) for m in SPAN_RX.finditer(text, value_start, value_end)]
     if not spans:
         return _labelled_only(text, line_start, line_end, label, value_start, value_end, allowed)
@@ -285,7 +320,7 @@ def _parse_line(
     # The filler allows no quotes, braces or backticks: a span inside a payload fails here.
     if FILLER_RX.fullmatch(" ".join(pieces)) is None:
         return None
-    return _Line(line_start, line_end, tuple(rules), "".join(skeleton), tuple(values), label)
+    return _Line(line_start, line_end, tuple(rules), "".join(skeleton), tuple(values), label, value_start)
 
 
 def _labelled_only(
@@ -307,9 +342,10 @@ def _labelled_only(
     if "labelled_datetime" in allowed and TIME_LABEL_RX.search(label):
         if len(value) > 64 or value.count(" ") > 7:
             return None
-        return _Line(line_start, line_end, ("labelled_datetime",), skeleton, (value,), label)
-    if "prefixed_id" in allowed and ID_LABEL_RX.search(label) and OPAQUE_TOKEN_RX.fullmatch(value):
-        return _Line(line_start, line_end, ("prefixed_id",), skeleton, (value,), label)
+        return _Line(line_start, line_end, ("labelled_datetime",), skeleton, (value,), label, value_start)
+    id_label = ID_LABEL_RX.search(label) or ENTITY_LABEL_RX.search(label)
+    if "prefixed_id" in allowed and id_label and OPAQUE_TOKEN_RX.fullmatch(value):
+        return _Line(line_start, line_end, ("prefixed_id",), skeleton, (value,), label, value_start)
     return None
 
 

@@ -205,3 +205,14 @@ def test_alternating_templates_both_keep_their_static_prefix() -> None:
         static = prompts[i % 2]
         out, report = run(chat_body(header(i) + static), memory=memory)
         assert out["messages"][0]["content"] == static and report.moved_total == 3
+
+
+def test_per_user_id_is_learned_not_presumed() -> None:
+    memory = VolatilityMemory()
+    system = "User ID: user_00301\n\n" + STATIC_SYSTEM
+    _, first = run(chat_body(system), memory=memory)
+    _, again = run(chat_body(system), memory=memory)  # same session: same user
+    out, other = run(chat_body("User ID: user_00417\n\n" + STATIC_SYSTEM), memory=memory)
+    assert first.moved_total == again.moved_total == 0
+    assert other.moved == {"prefixed_id": 1}
+    assert out["messages"][0]["content"] == STATIC_SYSTEM
