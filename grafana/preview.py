@@ -104,9 +104,17 @@ def draw_timeseries(ax: Axes, prom: Prom, panel: dict[str, Any], window_s: int) 
 def draw_stat(ax: Axes, prom: Prom, panel: dict[str, Any], window_s: int) -> None:
     """The big number."""
     unit = panel["fieldConfig"]["defaults"].get("unit", "short")
-    result = prom.instant(substitute(panel["targets"][0]["expr"], window_s))
-    text = fmt_value(float(result[0]["value"][1]), unit) if result else "No data"
-    ax.text(0.5, 0.45, text, ha="center", va="center", fontsize=22, color="#2e7d32", transform=ax.transAxes)
+    t = panel["targets"][0]
+    result = prom.instant(substitute(t["expr"], window_s))
+    if len(result) == 1:
+        text = fmt_value(float(result[0]["value"][1]), unit)
+    else:  # one value per series, as Grafana's stat panel tiles them
+        parts = [
+            f"{legend(t.get('legendFormat', ''), s['metric'])}: {fmt_value(float(s['value'][1]), unit)}" for s in result
+        ]
+        text = "    ".join(parts) or "No data"
+    size = 22 if len(result) <= 1 else 14
+    ax.text(0.5, 0.45, text, ha="center", va="center", fontsize=size, color="#2e7d32", transform=ax.transAxes)
     ax.axis("off")
 
 
