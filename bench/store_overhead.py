@@ -1,14 +1,18 @@
-"""Cost of auth + limits + spend per request, side by side with a bare Redis round trip.
+"""Cost of auth + limits + spend per request: redis-py path vs pipelined RESP path vs in-memory.
 
-Runs sequential requests (no concurrency, so wall time = latency added to one request) through
-TenantRegistry.resolve (cached) + Limiter.admit + Limiter.settle with every limit set, against:
-  ping      one redis-py PING round trip: the floor for "one round trip"
-  redis     RedisStore (two round trips per request: admit script, settle script)
+Runs requests through TenantRegistry.resolve (cached) + Limiter.admit + Limiter.settle with every
+limit set, against:
+  ping      one redis-py PING round trip: the floor for "one round trip" through redis-py
+  redis-py  RedisStore(fast_path=False): both scripts through redis-py's pool
+  resp      RedisStore (default): both scripts over the pipelined RespClient connection
   memory    MemoryStore (no network)
-Prints µs per request (wall and process CPU), ratio to PING, and Redis commands per request
-(from INFO total_commands_processed, so the "one round trip each" claim is measured, not assumed).
+First sequentially (wall time = latency added to one request), then `--concurrency` requests at a
+time (pipelining shares one connection). Prints µs per request (wall and this process's CPU), CPU
+ratios against the redis-py path and against memory, and the script calls Redis ran per request
+(from INFO commandstats, so "one round trip each" is measured on the server, not assumed).
 
     .venv/bin/python bench/store_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--n 3000]
+        [--concurrency 32] [--loop uvloop|asyncio]
 Without --redis-url (or REDIS_URL) a throwaway redis-server is started on a free port.
 """
 
@@ -83,64 +87,74 @@ async def per_request(store: Store) -> Callable[[], Awaitable[None]]:
     return one
 
 
-async def measure(fn: Callable[[], Awaitable[None]], n: int) -> tuple[float, float]:
-    for _ in range(200):
-        await fn()
+async def measure(fn: Callable[[], Awaitable[None]], n: int, concurrency: int) -> tuple[float, float]:
+    """(wall µs, CPU µs) per request over n requests, `concurrency` in flight at a time (after a warm-up)."""
+
+    async def batch(count: int) -> None:
+        if concurrency == 1:
+            for _ in range(count):
+                await fn()
+            return
+        for _ in range(count // concurrency):
+            await asyncio.gather(*(fn() for _ in range(concurrency)))
+
+    await batch(200)
+    n -= n % concurrency
     wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(n):
-        await fn()
+    await batch(n)
     return (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
 
 
-class Counter:
-    """Counts commands a redis client sends (each is one round trip; scripts count once)."""
-
-    def __init__(self, client: aioredis.Redis) -> None:
-        self.n = 0
-        inner = client.execute_command
-
-        async def counted(*args: object, **kw: object) -> object:
-            self.n += 1
-            return await inner(*args, **kw)
-
-        client.execute_command = counted  # type: ignore[method-assign]
+async def script_calls(client: aioredis.Redis) -> int:
+    """Scripts run and PINGs answered by the server so far (the bench's round trips)."""
+    stats = await client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval", "ping"))
 
 
-async def main(url: str, n: int) -> None:
+async def main(url: str, n: int, concurrency: int) -> None:
     prefix = f"kvgate-bench:{uuid.uuid4().hex[:8]}:"
     ping_client = aioredis.from_url(url)
+    stats_client = aioredis.from_url(url)
 
     async def ping() -> None:
         await ping_client.ping()
 
     rows = []
-    for name in ("ping", "redis", "memory"):
-        store: Store | None = None
-        counter = None
-        if name == "ping":
-            fn = ping
-            counter = Counter(ping_client)
-        elif name == "redis":
-            redis_store = RedisStore(url, prefix, socket_timeout_s=2)
-            store = redis_store
-            fn = await per_request(store)
-            counter = Counter(redis_store._r)
-        else:
-            store = MemoryStore()
-            fn = await per_request(store)
-        wall, cpu = await measure(fn, n)
-        rows.append((name, wall, cpu, counter.n / (n + 200) if counter else 0.0))
-        if store is not None:
-            await store.aclose()
+    for conc in sorted({1, concurrency}):
+        for name in ("ping", "redis-py", "resp", "memory"):
+            store: Store | None = None
+            if name == "ping":
+                fn = ping
+            elif name == "memory":
+                store = MemoryStore()
+                fn = await per_request(store)
+            else:
+                redis_store = RedisStore(url, prefix, socket_timeout_s=2, fast_path=name == "resp")
+                assert redis_store.fast_path == (name == "resp")
+                store = redis_store
+                fn = await per_request(store)
+            before = await script_calls(stats_client)
+            wall, cpu = await measure(fn, n, conc)
+            # The INFO call itself counts once (as a non-script) so no correction is needed.
+            trips = (await script_calls(stats_client) - before) / (n - n % conc + 200)
+            rows.append((name, conc, wall, cpu, trips if name != "memory" else 0.0))
+            if store is not None:
+                await store.aclose()
     await ping_client.aclose()
-    base = rows[0][1]
-    print(f"{'variant':<8} {'wall µs/req':>12} {'cpu µs/req':>11} {'vs ping':>7} {'round trips/req':>15}")
-    for name, wall, cpu, cmds in rows:
-        print(f"{name:<8} {wall:>12.1f} {cpu:>11.1f} {wall / base:>7.2f} {cmds:>15.2f}")
-    cleanup = aioredis.from_url(url)
-    async for key in cleanup.scan_iter(match=f"{prefix}*", count=1000):
-        await cleanup.delete(key)
-    await cleanup.aclose()
+    print(f"{'variant':<9} {'conc':>4} {'wall µs/req':>12} {'cpu µs/req':>11} {'cpu/redis-py':>12} "
+          f"{'cpu/memory':>10} {'round trips/req':>15}")
+    for name, conc, wall, cpu, trips in rows:
+        base = next(r[3] for r in rows if r[0] == "redis-py" and r[1] == conc)
+        mem = next(r[3] for r in rows if r[0] == "memory" and r[1] == conc)
+        print(f"{name:<9} {conc:>4} {wall:>12.1f} {cpu:>11.1f} {cpu / base:>12.2f} {cpu / mem:>10.2f} "
+              f"{trips:>15.2f}")
+    for conc in sorted({1, concurrency}):
+        cpu = {r[0]: r[3] for r in rows if r[1] == conc}
+        print(f"concurrency {conc}: limits+spend CPU over memory: redis-py +{cpu['redis-py'] - cpu['memory']:.1f} µs, "
+              f"resp +{cpu['resp'] - cpu['memory']:.1f} µs")
+    async for key in stats_client.scan_iter(match=f"{prefix}*", count=1000):
+        await stats_client.delete(key)
+    await stats_client.aclose()
 
 
 def free_port() -> int:
@@ -153,6 +167,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
+                    help="event loop (kvgate serve runs uvloop)")
     args = ap.parse_args()
     proc = None
     url = args.redis_url
@@ -166,7 +183,12 @@ if __name__ == "__main__":
         time.sleep(0.3)
         url = f"redis://127.0.0.1:{port}/0"
     try:
-        asyncio.run(main(url, args.n))
+        if args.loop == "uvloop":
+            import uvloop
+
+            uvloop.run(main(url, args.n, args.concurrency))
+        else:
+            asyncio.run(main(url, args.n, args.concurrency))
     finally:
         if proc is not None:
             proc.terminate()

@@ -25,6 +25,9 @@ local function store_bucket(key, level, limit, now)
 end
 """
 
+ADMIT_KEYS = 4
+SETTLE_KEYS = 5
+
 # KEYS: rpm bucket, tpm bucket, concurrency zset, month spend
 # ARGV: rpm, tpm, concurrent (0 = none), budget_micros (-1 = none), tokens, lease id, lease µs,
 #       window µs, force_lease ('1'/'0')

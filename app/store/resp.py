@@ -1,0 +1,350 @@
+"""A minimal asyncio Redis client for the per-request hot path: framed commands in, RESP2 replies out.
+
+One persistent connection per client carries every caller's commands back to back (pipelining):
+Redis answers a connection's commands in the order it received them, so each reply resolves the
+oldest waiting future. Compared with a pooled client this skips the pool checkout, the per-argument
+encoding (callers hand over prebuilt bytes, see `ScriptCall`) and the stream reader machinery, which
+were most of a script call's CPU.
+
+Failure model (the store turns these into StoreUnavailable and its cool-off):
+- the connection drops, or cannot be opened within `timeout_s`: `RespConnectionError`;
+- a command waits longer than `timeout_s` for its reply: `RespTimeout`. The connection is then
+  dropped (a late reply would answer the wrong future) and every command still waiting on it fails;
+- Redis answers with an error reply: `RespError` (for that command only; the connection stays).
+The next command after a drop opens a new connection. Nothing is retried here: a command that may
+have run (timeout, drop after sending) must not silently run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+CRLF = b"\r\n"
+Reply = bytes | int | list[Any] | None
+
+
+class RespError(Exception):
+    """Redis answered the command with an error reply (e.g. NOSCRIPT, a script error, OOM, READONLY)."""
+
+    @property
+    def noscript(self) -> bool:
+        """The script is not in the server's cache (after a restart or SCRIPT FLUSH)."""
+        return str(self).startswith("NOSCRIPT")
+
+
+class RespConnectionError(ConnectionError):
+    """The connection could not be opened or was lost while commands were waiting."""
+
+
+class RespTimeout(TimeoutError):
+    """A reply (or the connect) took longer than the client's timeout."""
+
+
+class RespProtocolError(RespConnectionError):
+    """The server sent bytes that are not RESP2; the connection is dropped."""
+
+
+def bulk(arg: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(arg), arg)
+
+
+def encode_command(*args: str | bytes | int) -> bytes:
+    """A whole command as a RESP array of bulk strings (for cold commands and the handshake)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        parts.append(bulk(a if isinstance(a, bytes) else str(a).encode()))
+    return b"".join(parts)
+
+
+class ScriptCall:
+    """Prebuilt framing for one Lua script: EVALSHA (hot) and EVAL (after NOSCRIPT) with fixed arity."""
+
+    __slots__ = ("eval_head", "evalsha_head", "nargs", "numkeys", "sha", "source")
+
+    def __init__(self, source: str, numkeys: int, nargs: int) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.numkeys = numkeys
+        self.nargs = nargs
+        count = 3 + numkeys + nargs
+        tail = bulk(str(numkeys).encode())
+        self.evalsha_head = b"*%d\r\n" % count + bulk(b"EVALSHA") + bulk(self.sha.encode()) + tail
+        self.eval_head = b"*%d\r\n" % count + bulk(b"EVAL") + bulk(source.encode()) + tail
+
+    def body(self, keys_and_args: list[str]) -> bytes:
+        """The keys and args part, shared by the EVALSHA and EVAL forms."""
+        if len(keys_and_args) != self.numkeys + self.nargs:
+            raise ValueError(f"script takes {self.numkeys + self.nargs} keys+args, got {len(keys_and_args)}")
+        out = []
+        for s in keys_and_args:
+            b = s.encode()
+            out.append(b"$%d\r\n%b\r\n" % (len(b), b))
+        return b"".join(out)
+
+
+class _Incomplete(Exception):
+    """The buffer ends inside a reply; wait for more bytes."""
+
+
+def parse_reply(buf: bytes, pos: int) -> tuple[Reply | RespError, int]:
+    """One RESP2 reply starting at `pos`: (value, position after it). Raises _Incomplete if cut short."""
+    end = buf.find(CRLF, pos)
+    if end < 0:
+        raise _Incomplete
+    kind = buf[pos]
+    if kind == 36:  # $ bulk string
+        n = int(buf[pos + 1 : end])
+        if n < 0:
+            return None, end + 2
+        stop = end + 2 + n
+        if len(buf) < stop + 2:
+            raise _Incomplete
+        return buf[end + 2 : stop], stop + 2
+    if kind == 58:  # : integer
+        return int(buf[pos + 1 : end]), end + 2
+    if kind == 43:  # + simple string
+        return buf[pos + 1 : end], end + 2
+    if kind == 45:  # - error
+        return RespError(buf[pos + 1 : end].decode(errors="replace")), end + 2
+    if kind == 42:  # * array
+        n = int(buf[pos + 1 : end])
+        if n < 0:
+            return None, end + 2
+        items: list[Any] = []
+        pos = end + 2
+        for _ in range(n):
+            item, pos = parse_reply(buf, pos)
+            items.append(item)
+        return items, pos
+    raise RespProtocolError(f"unexpected RESP type byte {kind!r}")
+
+
+class _Conn(asyncio.Protocol):
+    """One connection: writes commands, matches replies to waiting futures in FIFO order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
+        self.loop = loop
+        self.timeout_s = timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.waiters: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self.buf = b""
+        self.out: list[bytes] = []
+        # One timer per connection, re-armed to the oldest waiter's deadline when it fires: cheaper
+        # than a timer per command, and a command still never waits much past its deadline.
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Keep the transport."""
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        """Resolve one waiter per complete reply; keep a cut-off tail for the next chunk."""
+        buf = self.buf + data if self.buf else data
+        pos = 0
+        size = len(buf)
+        waiters = self.waiters
+        try:
+            while pos < size:
+                value, pos = parse_reply(buf, pos)
+                if not waiters:
+                    raise RespProtocolError("reply without a command")
+                fut = waiters.popleft()[0]
+                if fut.done():  # the caller was cancelled; its reply still had to be consumed
+                    continue
+                if isinstance(value, RespError):
+                    fut.set_exception(value)
+                else:
+                    fut.set_result(value)
+        except _Incomplete:
+            self.buf = buf[pos:]
+            return
+        except (RespProtocolError, ValueError, IndexError) as err:
+            self.fail(RespProtocolError(f"bad reply from redis: {err}"))
+            return
+        self.buf = b""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Fail whatever is still waiting; the client reconnects on its next command."""
+        self.fail(RespConnectionError(f"connection lost: {exc or 'closed by server'}"))
+
+    # -- commands ----------------------------------------------------------------------------
+    def send(self, payload: bytes) -> asyncio.Future[Any]:
+        """Write one framed command; the future gets its reply."""
+        fut = self.loop.create_future()
+        if self.closed or self.transport is None:
+            fut.set_exception(RespConnectionError("connection closed"))
+            return fut
+        deadline = self.loop.time() + self.timeout_s
+        self.waiters.append((fut, deadline))
+        out = self.out
+        out.append(payload)
+        if len(out) == 1:
+            # Commands sent in the same loop iteration leave in one write (one syscall) at its end.
+            self.loop.call_soon(self._flush)
+        if self.timer is None:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+        return fut
+
+    def _flush(self) -> None:
+        out = self.out
+        if self.closed or self.transport is None:
+            out.clear()
+            return
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if not self.waiters or self.closed:
+            return
+        deadline = self.waiters[0][1]
+        if deadline <= self.loop.time():
+            self.fail(RespTimeout(f"no reply from redis within {self.timeout_s:g} s"))
+        else:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+
+    def fail(self, err: Exception) -> None:
+        """Drop the connection and fail every waiting command with `err`."""
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        waiters, self.waiters = self.waiters, deque()
+        for fut, _ in waiters:
+            if not fut.done():
+                fut.set_exception(err)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+@dataclass(frozen=True, slots=True)
+class RespAddress:
+    """Where and how to connect (what a redis:// or unix:// URL says that this client supports)."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str | None = None  # unix socket
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> RespAddress | None:
+        """Parse a redis:// or unix:// URL; None for what this client does not speak (TLS, options)."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "unix"):
+            return None
+        query = dict(q.split("=", 1) for q in parts.query.split("&") if "=" in q)
+        if set(query) - {"db"}:
+            return None
+        user = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password else None
+        if parts.scheme == "unix":
+            return cls(path=parts.path, db=int(query.get("db", 0)), username=user, password=password)
+        db_path = parts.path.lstrip("/")
+        db = int(query.get("db", db_path or 0))
+        return cls(parts.hostname or "127.0.0.1", parts.port or 6379, None, db, user, password)
+
+    def handshake(self) -> list[bytes]:
+        """Commands a fresh connection sends before any other (AUTH, SELECT)."""
+        out = []
+        if self.password is not None:
+            auth = ("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)
+            out.append(encode_command(*auth))
+        if self.db:
+            out.append(encode_command("SELECT", self.db))
+        return out
+
+
+class RespClient:
+    """Pipelined commands over one persistent connection, reopened on demand after a failure."""
+
+    def __init__(self, address: RespAddress, timeout_s: float) -> None:
+        self._addr = address
+        self._timeout = timeout_s
+        self._conn: _Conn | None = None
+        self._opening: asyncio.Future[_Conn] | None = None
+
+    async def execute(self, payload: bytes) -> Any:
+        """Send one framed command and return its reply (RespError raised for an error reply)."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.loop is not asyncio.get_running_loop():
+            conn = await self._connect()
+        return await conn.send(payload)
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        opening = self._opening
+        if opening is not None and opening.get_loop() is loop:
+            # Callers arriving during a connect share it (shielded: one cancelled caller must not
+            # cancel the connect for the others).
+            return await asyncio.shield(opening)
+        self._drop()
+        fut: asyncio.Future[_Conn] = loop.create_future()
+        self._opening = fut
+        try:
+            conn = await self._open(loop)
+        except BaseException as err:
+            if isinstance(err, Exception):
+                fut.set_exception(err)
+                fut.exception()  # retrieved: callers that did not share this connect must not warn
+            else:
+                fut.cancel()
+            raise
+        finally:
+            if self._opening is fut:
+                self._opening = None
+        self._conn = conn
+        fut.set_result(conn)
+        return conn
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Conn:
+        a = self._addr
+
+        def factory() -> _Conn:
+            return _Conn(loop, self._timeout)
+
+        try:
+            if a.path is not None:
+                connecting = loop.create_unix_connection(factory, a.path)
+            else:
+                connecting = loop.create_connection(factory, a.host, a.port)
+            _, conn = await asyncio.wait_for(connecting, self._timeout)
+        except TimeoutError as err:
+            raise RespTimeout(f"connect to redis took over {self._timeout:g} s") from err
+        except OSError as err:
+            raise RespConnectionError(f"cannot connect to redis: {err}") from err
+        try:
+            for reply in [conn.send(cmd) for cmd in a.handshake()]:
+                await reply
+        except BaseException:
+            conn.fail(RespConnectionError("handshake failed"))
+            raise
+        return conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None or conn.closed:
+            return
+        if conn.loop.is_closed():
+            # Its loop is gone (a store reused from a new loop): nothing can run there any more.
+            conn.closed = True
+            if conn.transport is not None:
+                with contextlib.suppress(RuntimeError):
+                    conn.transport.abort()
+            return
+        conn.fail(RespConnectionError("client closed"))
+
+    async def aclose(self) -> None:
+        """Close the connection (waiting commands fail with RespConnectionError)."""
+        self._drop()
