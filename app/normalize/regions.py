@@ -12,14 +12,15 @@ _MARKER_RX = re.compile(
     r"search_results?|retrieved|data|json|code|transcript|request_metadata)\b[^>\n]*>)",
     re.MULTILINE | re.IGNORECASE,
 )
+# A date/time/id referred to by where it sits. Only position words, not temporal ones ("previous",
+# "earlier"), and only nouns that name a span: "the request below" or "the tools below" do not count.
+_SPAN_NOUN = r"(?:date|time|timestamp|datetime|id|ids|identifier|uuid|epoch)"
 _POSITIONAL_RX = re.compile(
-    r"\b(?:(?:date|time|timestamp|day|id|identifier|uuid|session|request|epoch)s?\W+(?:\w+\W+){0,2}?"
-    r"(?:above|below|earlier|previously)"
-    r"|(?:above|below|aforementioned|preceding|previous|earlier)\W+(?:\w+\W+){0,2}?"
-    r"(?:date|time|timestamp|day|id|identifier|uuid|session|request|epoch))\b",
+    rf"\b(?:{_SPAN_NOUN}s?\W+(?:\w+\W+){{0,2}}?(?:above|below)"
+    rf"|(?:above|below|aforementioned|preceding)\W+(?:\w+\W+){{0,2}}?{_SPAN_NOUN})\b",
     re.IGNORECASE,
 )
-_POSITION_WORDS = ("above", "below", "Above", "Below", "aforementioned", "preceding", "previous", "earlier")
+_POSITION_WORDS = ("above", "below", "Above", "Below", "aforementioned", "preceding")
 
 
 def protected_ranges(text: str) -> list[tuple[int, int]]:
