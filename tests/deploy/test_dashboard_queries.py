@@ -1,5 +1,6 @@
 """Every dashboard query, evaluated by a real Prometheus scraping a real gateway in front of two `kvgate sim`
-engines after a burst of traffic: each must parse and return data. A panel on a metric nobody exports fails.
+in front of two `kvgate sim` engines after traffic: each must parse and return data. A panel on a metric nobody
+exports fails.
 
 Prometheus runs with config/prometheus.yml itself, targets rewritten to loopback ports: the collector's
 exporter is stood in for by the gateway's own /metrics (same instruments, same OTel → Prometheus naming;
@@ -15,8 +16,9 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 import yaml
 
 from tests.deploy.files import DASHBOARDS, ROOT, dashboard_targets, dashboard_variables, prometheus_name
 from tests.servers import free_port
+from tests.store.redis_fixtures import RedisServer
 from tests.telemetry.otlp_receiver import Received, otlp_receiver
 
 pytestmark = [
@@ -53,11 +57,11 @@ class Stack:
     logs: Path
 
 
-def _gateway_config(fast: int, bulk: int, port: int, otlp: str) -> dict[str, Any]:
+def _gateway_config(fast: int, bulk: int, port: int, otlp: str, store: dict[str, Any]) -> dict[str, Any]:
     price = {"gpu_hour_usd": 2.50, "gpus": 1}
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "store": {"url": None},
+        "store": store,
         "models": [{"name": MODEL, "pools": ["fast", "bulk"]}],
         "pools": {
             "fast": {
@@ -181,13 +185,35 @@ def _query(prom: str, expr: str) -> dict[str, Any]:
     return body
 
 
+@contextmanager
+def _redis(workdir: Path) -> Iterator[dict[str, Any]]:
+    """The gateway's store as in compose: Redis (REDIS_URL under a key prefix of our own, else a
+    throwaway redis-server with AOF on); our keys are deleted afterwards."""
+    url = os.environ.get("REDIS_URL")
+    server = None
+    if not url:
+        server = RedisServer(workdir, appendonly=True)
+        server.start()
+        url = server.url
+    prefix = f"kvgate-deploy-test:{uuid.uuid4().hex[:12]}:"
+    try:
+        yield {"url": url, "key_prefix": prefix}
+    finally:
+        client = redis.Redis.from_url(url)
+        for key in client.scan_iter(match=f"{prefix}*", count=500):
+            client.delete(key)
+        client.close()
+        if server is not None:
+            server.stop()
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("deploy-stack")
     ports = {name: free_port() for name in ("vllm-fast", "vllm-bulk", "gateway", "localhost")}
     ports["otel-collector"] = ports["gateway"]  # the gateway's /metrics stands in for the collector exporter
     kvgate = [sys.executable, "-m", "app.cli"]
-    with ExitStack() as es, otlp_receiver() as (otlp_url, received):
+    with ExitStack() as es, otlp_receiver() as (otlp_url, received), _redis(logs) as store:
         sims = {}
         for pool, extra in (
             ("fast", ["--speculative", "ngram:3:0.7", "--scheduling-policy", "priority"]),
@@ -200,7 +226,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             _wait_http(f"http://127.0.0.1:{port}/health", proc, logs, f"sim-{pool}")
         cfg_path = logs / "gateway.yaml"
         cfg_path.write_text(
-            yaml.safe_dump(_gateway_config(sims["fast"][1], sims["bulk"][1], ports["gateway"], otlp_url))
+            yaml.safe_dump(_gateway_config(sims["fast"][1], sims["bulk"][1], ports["gateway"], otlp_url, store))
         )
         gw = _spawn(es, logs, "gateway", [*kvgate, "serve", "--config", str(cfg_path)])
         gateway = f"http://127.0.0.1:{ports['gateway']}"
