@@ -1,6 +1,6 @@
-"""Every dashboard query, evaluated by a real Prometheus scraping a real gateway in front of two `kvgate sim`
-in front of two `kvgate sim` engines after traffic: each must parse and return data. A panel on a metric nobody
-exports fails.
+"""Every dashboard query, evaluated by a real Prometheus scraping a real gateway (on a Redis store, as in
+compose) in front of two `kvgate sim` engines after traffic: each must parse and return data. A panel on a
+metric nobody exports fails.
 
 Prometheus runs with config/prometheus.yml itself, targets rewritten to loopback ports: the collector's
 exporter is stood in for by the gateway's own /metrics (same instruments, same OTel → Prometheus naming;
