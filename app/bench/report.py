@@ -54,14 +54,14 @@ class Summary:
     ok: int
     errors: int
     error_kinds: dict[str, int]
-    wall_s: float
+    wall_s: float  # the span throughput is measured over: the whole run, or the steady window after warm-up
     ttft_ms: Distribution
     itl_ms: Distribution
     tpot_ms: Distribution
     e2e_ms: Distribution
     prompt_tokens: int
     cached_tokens: int
-    output_tokens: int
+    output_tokens: int  # of the measured requests
     cached_ratio: float | None
     requests_per_s: float
     output_tokens_per_s: float
@@ -85,27 +85,85 @@ def _error_kind(error: str) -> str:
     return error.split(":", 1)[0]
 
 
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The span throughput is measured over and the tokens and completions that fall in it."""
+
+    span_s: float
+    completed: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: float
+
+
+def _whole_run(ok: Sequence[RequestRecord], wall_s: float) -> Window:
+    return Window(max(wall_s, 1e-9), len(ok), sum(r.prompt_tokens for r in ok), sum(r.cached_tokens for r in ok),
+                  sum(r.output_tokens for r in ok))
+
+
+def _arrivals(r: RequestRecord) -> list[tuple[float, float]]:
+    """(time, tokens) of each token-bearing chunk; a non-streamed reply arrives whole at its end."""
+    if not r.ok or r.e2e_s is None:
+        return []
+    if r.ttft_s is None or not r.token_chunks:
+        return [(r.start_s + r.e2e_s, float(r.output_tokens))]
+    per_chunk = r.output_tokens / r.token_chunks
+    t = r.start_s + r.ttft_s
+    out = [(t, per_chunk)]
+    for gap in r.itl_s:
+        t += gap
+        out.append((t, per_chunk))
+    return out
+
+
+def steady_window(records: Sequence[RequestRecord]) -> Window | None:
+    """After warm-up: from the first measured request's start to the last request's start (before the load
+    drains), counting every token that arrived in between, whichever request it belonged to."""
+    measured = [r for r in records if not r.warmup]
+    if not measured or len(measured) == len(records):
+        return None
+    t_a = min(r.start_s for r in measured)
+    t_b = max(r.start_s for r in records)
+    if t_b - t_a <= 0:
+        return None
+    completed = prompt = cached = 0
+    output = 0.0
+    for r in records:
+        if r.ok and r.e2e_s is not None and t_a <= r.start_s + r.e2e_s <= t_b:
+            completed += 1
+        first = None if not r.ok else r.start_s + (r.ttft_s if r.ttft_s is not None else r.e2e_s or 0.0)
+        if first is not None and t_a <= first <= t_b:
+            prompt += r.prompt_tokens  # a prompt counts as processed when its first token appears
+            cached += r.cached_tokens
+        output += sum(n for t, n in _arrivals(r) if t_a <= t <= t_b)
+    return Window(t_b - t_a, completed, prompt, cached, output)
+
+
 def summarize(records: Sequence[RequestRecord], wall_s: float, spec: BenchSpec) -> Summary:
-    """Summarize a run's records (warm-up ones left out); throughput is over `wall_s`."""
-    records = [r for r in records if not r.warmup]
-    ok = [r for r in records if r.ok]
-    wall = max(wall_s, 1e-9)
+    """Summarize a run: latencies over the measured (non-warm-up) requests; throughput over the whole run,
+    or with warm-up over the steady window (see `steady_window`)."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    window = steady_window(records) or _whole_run(ok, wall_s)
+    span = window.span_s
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     output = sum(r.output_tokens for r in ok)
+    requests_per_s = window.completed / span
     goodput: float | None = None
     goodput_ratio: float | None = None
     if spec.slo_ttft_ms is not None or spec.slo_tpot_ms is not None:
-        good = sum(1 for r in records if meets_slo(r, spec.slo_ttft_ms, spec.slo_tpot_ms))
-        goodput = good / wall
-        goodput_ratio = good / len(records) if records else None
-    kinds = Counter(_error_kind(r.error) for r in records if not r.ok and r.error)
+        good = sum(1 for r in measured if meets_slo(r, spec.slo_ttft_ms, spec.slo_tpot_ms))
+        goodput_ratio = good / len(measured) if measured else None
+        goodput = requests_per_s * (good / len(ok)) if ok else 0.0
+    kinds = Counter(_error_kind(r.error) for r in measured if not r.ok and r.error)
+    w_uncached = window.prompt_tokens - window.cached_tokens
     return Summary(
-        requests=len(records),
+        requests=len(measured),
         ok=len(ok),
-        errors=len(records) - len(ok),
+        errors=len(measured) - len(ok),
         error_kinds=dict(kinds.most_common()),
-        wall_s=wall_s,
+        wall_s=span,
         ttft_ms=Distribution.of_seconds(r.ttft_s for r in ok),
         itl_ms=Distribution.of_seconds(x for r in ok for x in r.itl_s),
         tpot_ms=Distribution.of_seconds(r.tpot_s for r in ok),
@@ -114,12 +172,12 @@ def summarize(records: Sequence[RequestRecord], wall_s: float, spec: BenchSpec) 
         cached_tokens=cached,
         output_tokens=output,
         cached_ratio=cached / prompt if prompt else None,
-        requests_per_s=len(ok) / wall,
-        output_tokens_per_s=output / wall,
-        total_tokens_per_s=(prompt + output) / wall,
+        requests_per_s=requests_per_s,
+        output_tokens_per_s=window.output_tokens / span,
+        total_tokens_per_s=(window.prompt_tokens + window.output_tokens) / span,
         goodput_requests_per_s=goodput,
         goodput_ratio=goodput_ratio,
-        cost=cost_summary(spec.pricing, wall_s, prompt - cached, cached, output),
+        cost=cost_summary(spec.pricing, span, w_uncached, window.cached_tokens, round(window.output_tokens)),
         usage_missing=sum(1 for r in ok if not r.usage_reported),
     )
 

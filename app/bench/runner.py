@@ -94,17 +94,6 @@ async def _open_loop(sched: _Scheduler, client: BenchClient, on_done: Callable[[
         await asyncio.gather(*inflight)
 
 
-def measured_window(records: list[RequestRecord], wall_s: float) -> float:
-    """Seconds the summary's throughput is over: the whole run, or after warm-up from the first measured
-    request's start to the last one's end."""
-    measured = [r for r in records if not r.warmup]
-    if len(measured) == len(records) or not measured:
-        return wall_s
-    start = min(r.start_s for r in measured)
-    end = max(r.start_s + (r.e2e_s or 0.0) for r in measured)
-    return max(end - start, 1e-9)
-
-
 async def run_bench(spec: BenchSpec) -> BenchResult:
     """Run one bench (one concurrency level or rate) and return every request's record plus the summary."""
     options = WorkloadOptions(seed=spec.seed, tenants=spec.tenants, api_keys=spec.api_keys, api_key=spec.api_key,
@@ -123,7 +112,7 @@ async def run_bench(spec: BenchSpec) -> BenchResult:
                 await _closed_loop(sched, client, view.update)
             else:
                 await _open_loop(sched, client, view.update)
-        wall = measured_window(sched.records, time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
     finally:
         await client.close()
     resolved = replace(spec, model=model, time_scale=1.0)

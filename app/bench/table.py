@@ -24,7 +24,7 @@ def _usd(value: float | None) -> str:
 
 ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     ("requests ok / errors", lambda s: f"{s.ok} / {s.errors}"),
-    ("wall time s", lambda s: _f(s.wall_s, "{:,.2f}")),
+    ("measured span s", lambda s: _f(s.wall_s, "{:,.2f}")),
     ("throughput req/s", lambda s: _f(s.requests_per_s, "{:,.2f}")),
     ("output tokens/s", lambda s: _f(s.output_tokens_per_s)),
     ("total tokens/s (in+out)", lambda s: _f(s.total_tokens_per_s)),

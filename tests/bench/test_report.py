@@ -135,3 +135,38 @@ def test_rescaled_converts_durations_and_throughput_to_the_target_clock() -> Non
     assert slow.summary.output_tokens_per_s == pytest.approx(base.summary.output_tokens_per_s / 0.25)
     assert slow.summary.cost.usd_per_m_output == pytest.approx(base.summary.cost.usd_per_m_output * 0.25)
     assert base.records[0].ttft_s == 0.1  # the original is untouched
+
+
+def _stream(i: int, start: float, ttft: float, itl: list[float], output: int, *, warmup: bool = False,
+            prompt: int = 10) -> RequestRecord:
+    e2e = ttft + sum(itl)
+    return RequestRecord(index=i, session=i, turn=0, tenant=0, route_class="interactive", start_s=start, ok=True,
+                         ttft_s=ttft, e2e_s=e2e, itl_s=itl, output_tokens=output, token_chunks=len(itl) + 1,
+                         prompt_tokens=prompt, usage_reported=True, warmup=warmup)
+
+
+def test_steady_window_counts_tokens_arriving_between_first_measured_start_and_last_issue() -> None:
+    from app.bench.report import steady_window
+
+    records = [
+        _stream(0, start=0.0, ttft=1.0, itl=[1.0, 1.0, 1.0], output=4, warmup=True),  # tokens at 1, 2, 3, 4
+        _stream(1, start=2.0, ttft=0.5, itl=[1.0], output=4),  # two chunks of two tokens, at 2.5 and 3.5
+        _stream(2, start=4.0, ttft=0.5, itl=[1.0], output=2),  # after the last issue: outside
+    ]
+    w = steady_window(records)
+    assert w is not None
+    assert w.span_s == pytest.approx(2.0)
+    assert w.output_tokens == pytest.approx(3 + 4)
+    assert w.completed == 2  # the warm-up request ends at 4.0, the first measured one at 3.5
+    assert w.prompt_tokens == 10  # only request 1's first token falls inside
+    s = summarize(records, wall_s=99.0, spec=BenchSpec(base_url="http://x"))
+    assert s.output_tokens_per_s == pytest.approx(7 / 2.0)
+    assert s.requests == 2 and s.output_tokens == 6  # latencies and totals cover the measured requests only
+
+
+def test_no_warmup_means_throughput_over_the_whole_run() -> None:
+    from app.bench.report import steady_window
+
+    records = [_stream(0, start=0.0, ttft=1.0, itl=[1.0], output=2)]
+    assert steady_window(records) is None
+    assert summarize(records, wall_s=4.0, spec=BenchSpec(base_url="http://x")).output_tokens_per_s == 0.5
