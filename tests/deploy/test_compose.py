@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
+import subprocess
 from typing import Any
 
 import pytest
@@ -406,3 +408,11 @@ def test_prometheus_name_translation_matches_the_collector_rules() -> None:
     assert prometheus_name("http.server.duration", "s", "histogram") == "http_server_duration_seconds"
     assert prometheus_name("queue.latency.seconds", "s", "histogram") == "queue_latency_seconds"
     assert prometheus_name("net.io", "By/s", "gauge") == "net_io_bytes_per_second"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool (Debian package prometheus)")
+def test_promtool_accepts_the_prometheus_config() -> None:
+    out = subprocess.run(
+        ["promtool", "check", "config", str(ROOT / "config" / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

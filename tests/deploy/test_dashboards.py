@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -99,3 +101,19 @@ def test_every_query_honours_the_variables_its_metrics_carry(path: Path) -> None
         tenant_metrics = bool(metrics & TENANT_LABELLED)
         if "tenant" in names and tenant_metrics and title not in POOL_WIDE_PANELS:
             assert "$tenant" in expr, f"{title}: ignores $tenant"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool (Debian package prometheus)")
+def test_promtool_parses_every_query(tmp_path: Path) -> None:
+    # Each query as a recording rule: promtool parses them without a server (the slow test runs them).
+    values = {"$__rate_interval": "1m", "$__range": "10m", "$__interval": "15s", "$tenant": ".*", "$pool": ".*"}
+    rules = []
+    for path in DASHBOARDS:
+        for i, (_, expr) in enumerate(dashboard_targets(path)):
+            for var, value in values.items():
+                expr = expr.replace(var, value)
+            rules.append({"record": f"kvgate:{path.stem.replace('-', '_')}:{i}", "expr": expr})
+    rules_file = tmp_path / "rules.yml"
+    rules_file.write_text(json.dumps({"groups": [{"name": "dashboards", "rules": rules}]}))
+    out = subprocess.run(["promtool", "check", "rules", str(rules_file)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
