@@ -85,6 +85,7 @@ def in_ranges(pos: int, ranges: list[tuple[int, int]]) -> bool:
 
 def refers_by_position(text: str) -> bool:
     """Whether the text refers to a date/time/id by position ("the date above"): then nothing may move."""
-    if not any(w in text for w in _POSITION_WORDS):
-        return False
-    return _POSITIONAL_RX.search(text) is not None
+    for word in _POSITION_WORDS:  # cheap C-level scans first; the regex runs only near a hit
+        if word in text:
+            return _POSITIONAL_RX.search(text) is not None
+    return False

@@ -222,6 +222,8 @@ def remove_spans(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str
     Lines removed from the very top take the blank lines after them along, so the text does not
     start with an empty line.
     """
+    if not spans:
+        return text, []
     pieces: list[str] = []
     lines: list[str] = []
     cursor = 0
@@ -282,7 +284,10 @@ def _parse_line(
     value_end = line_start + len(text[line_start:line_end].rstrip(" \t"))
     if not (0 < value_end - value_start <= MAX_VALUE_CHARS) or _wordy(text[value_start:value_end]):
         return None  # prose, not a metadata value: rejected before any (costly) span regex runs
-    if label is not None and CONTENT_LABEL_RX.search(label):
+    if label is None:
+        if SPAN_RX.match(text, value_start, value_end) is None:
+            return None  # a whole-line value starts with its span; anything else is prose
+    elif CONTENT_LABEL_RX.search(label):
         return None  # commit SHAs, versions, checksums: content, not request metadata
     return _parse_value(text, line_start, line_end, label, value_start, value_end, allowed, now)
 
@@ -298,6 +303,14 @@ def _parse_value(
     now: datetime,
 ) -> _Line | None:
     """The spans of a metadata value, if nothing but filler surrounds them."""
+    whole = SPAN_RX.match(text, value_start, value_end)
+    if whole is not None and whole.end() == value_end:  # the common case: the value is one span
+        rule = whole.lastgroup or ""
+        span_text = text[value_start:value_end]
+        if rule not in allowed or not span_ok(rule, span_text, now):
+            return None
+        one = text[line_start:value_start] + "\x00" + rule  # what the general loop below would build
+        return _Line(line_start, line_end, (rule,), one, (span_text,), label, value_start)
     spans = [(m.lastgroup or "", m.start(), m.end()) for m in SPAN_RX.finditer(text, value_start, value_end)]
     if not spans:
         return _labelled_only(text, line_start, line_end, label, value_start, value_end, allowed)
