@@ -52,7 +52,8 @@ def pick(
     detail = ""
     if may_leave and other is not None:
         if candidates:
-            why = saturation(home, candidates, tuning)
+            # Spill-over moves work between the two roles; a second pool of the same role only fails over.
+            why = saturation(home, candidates, tuning) if other.cfg.role != home.cfg.role else None
             other_candidates = other.candidates(exclude) if why is not None else []
             if why is not None and other_candidates:
                 spill = decide_spill(route_class, why, other, other_candidates, cfg, tuning)

@@ -39,10 +39,12 @@ class Spill:
 def home_and_other(model: ModelConfig, route_class: RouteClass, cluster: ClusterState) -> tuple[
     PoolState, PoolState | None
 ]:
-    """The class's home pool (first of the model's pools with that role, else the first) and the other."""
+    """The class's home pool (first of the model's pools with that role, else the first) and the other:
+    the first pool of the other role, else the next pool (a failover target only, see pick)."""
     pools = [cluster.pools[name] for name in model.pools]
     home = next((p for p in pools if p.cfg.role == route_class), pools[0])
-    other = next((p for p in pools if p is not home and p.cfg.role != home.cfg.role), None)
+    rest = [p for p in pools if p is not home]
+    other = next((p for p in rest if p.cfg.role != home.cfg.role), rest[0] if rest else None)
     return home, other
 
 

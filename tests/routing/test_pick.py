@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from app.context import ClassDecision
+from app.config import GatewayConfig
+from app.context import ClassDecision, RouteDecision
 from app.errors import GatewayError
-from app.routing.pick import pick
+from app.routing.pick import RouteDecisionDetail, pick
 from app.routing.state import ClusterState
 from tests.routing.factory import make_cluster, make_config, set_load
 
@@ -14,9 +17,21 @@ F1, F2 = "http://127.0.0.1:9101", "http://127.0.0.1:9102"
 B1 = "http://127.0.0.1:9201"
 
 
-def route(cluster: ClusterState, decision: ClassDecision, exclude: frozenset[str] = frozenset(), **routing):
+def route(
+    cluster: ClusterState, decision: ClassDecision, exclude: frozenset[str] = frozenset(), **routing: Any
+) -> RouteDecision:
     cfg = make_config(routing=routing)
     return pick(model=cfg.models[0], decision=decision, key=123, cluster=cluster, cfg=cfg.routing, exclude=exclude)
+
+
+def route_with(cfg: GatewayConfig, cluster: ClusterState, decision: ClassDecision,
+               exclude: frozenset[str] = frozenset()) -> RouteDecision:
+    return pick(model=cfg.models[0], decision=decision, key=123, cluster=cluster, cfg=cfg.routing, exclude=exclude)
+
+
+def detail(route: RouteDecision) -> str:
+    assert isinstance(route, RouteDecisionDetail)
+    return route.detail
 
 
 def saturate(cluster: ClusterState, pool: str, waiting: int = 3) -> None:
@@ -45,7 +60,7 @@ def test_saturated_interactive_spills_to_bulk_with_headroom_and_says_why() -> No
     saturate(cluster, "fast")
     got = route(cluster, INTERACTIVE)
     assert (got.pool, got.reason, got.spilled) == ("bulk", "spill_interactive_to_bulk", True)
-    assert "fast queues" in got.detail  # type: ignore[attr-defined]
+    assert "fast queues" in detail(got)
 
 
 def test_interactive_over_ttft_slo_spills() -> None:
@@ -54,7 +69,7 @@ def test_interactive_over_ttft_slo_spills() -> None:
         r.on_first_token(0.9)  # SLO is 500 ms
     got = route(cluster, INTERACTIVE)
     assert got.reason == "spill_interactive_to_bulk"
-    assert "TTFT" in got.detail  # type: ignore[attr-defined]
+    assert "TTFT" in detail(got)
 
 
 def test_no_spill_when_one_interactive_replica_is_free() -> None:
@@ -84,7 +99,7 @@ def test_bulk_borrows_interactive_only_below_the_utilization_threshold() -> None
         set_load(r, running=1, kv=0.1)
     got = route(cluster, BULK, bulk_borrow_below_utilization=0.3)
     assert (got.pool, got.reason, got.spilled) == ("fast", "borrow_idle_interactive", True)
-    assert "utilization 0.10 < 0.30" in got.detail  # type: ignore[attr-defined]
+    assert "utilization 0.10 < 0.30" in detail(got)
     for r in cluster.pools["fast"].replicas:
         set_load(r, running=3, kv=0.5)
     assert route(cluster, BULK, bulk_borrow_below_utilization=0.3).pool == "bulk"
@@ -117,7 +132,7 @@ def test_fails_over_to_the_other_pool_when_home_has_nothing_left() -> None:
     cluster = make_cluster(make_config())
     got = route(cluster, INTERACTIVE, exclude=frozenset({F1, F2}))
     assert (got.pool, got.reason, got.spilled) == ("bulk", "failover", True)
-    assert "2 tried" in got.detail  # type: ignore[attr-defined]
+    assert "2 tried" in detail(got)
 
 
 def test_unhealthy_and_open_breaker_replicas_are_skipped() -> None:
@@ -128,7 +143,7 @@ def test_unhealthy_and_open_breaker_replicas_are_skipped() -> None:
         b.on_failure("connect")
     got = route(cluster, INTERACTIVE)
     assert (got.pool, got.reason) == ("bulk", "failover")
-    assert "1 unhealthy, 1 breaker open" in got.detail  # type: ignore[attr-defined]
+    assert "1 unhealthy, 1 breaker open" in detail(got)
 
 
 def test_nothing_in_rotation_is_a_503() -> None:
@@ -176,3 +191,12 @@ def test_between_scrapes_our_finished_requests_drain_the_estimated_queue() -> No
         r.on_success()
         r.on_success()
     assert route(cluster, INTERACTIVE).pool == "fast"
+
+
+def test_a_second_pool_of_the_same_role_is_a_failover_target_not_a_spill_target() -> None:
+    cfg = make_config(bulk_extra={"role": "interactive"})
+    cluster = make_cluster(cfg)
+    saturate(cluster, "fast")
+    assert route_with(cfg, cluster, INTERACTIVE).pool == "fast"
+    got = route_with(cfg, cluster, INTERACTIVE, exclude=frozenset({F1, F2}))
+    assert (got.pool, got.reason) == ("bulk", "failover")
