@@ -31,11 +31,12 @@ from app.normalize import VolatilityMemory, normalize
 
 TARGET_US = 50.0
 NOW = datetime(2026, 11, 30, 1, 0, 0, tzinfo=UTC)
-WORDS = (
+_WORD_TEXT = (
     "the order customer refund policy shipping account support agent answer question carefully always never "
     "check status before after tool call result summary escalate human when unless within delivery address "
     "payment invoice warehouse tracking number item quantity return label carrier update notify"
-).split()
+)
+WORDS = _WORD_TEXT.split()
 
 
 def static_prompt(rng: random.Random, target_chars: int = 8000) -> str:

@@ -32,7 +32,12 @@ def place_in_chat(messages: list[Any], lines: list[str], placement: TailPlacemen
     """A new message list with `lines` restated at the tail (the input list is not modified)."""
     block = render_block(lines)
     if placement == "system":
-        return [*messages, {"role": "system", "content": block}]
+        tail = {"role": "system", "content": block}
+        last = messages[-1] if messages else None
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            # An assistant prefill (continue_final_message) must stay last: the block goes before it.
+            return [*messages[:-1], tail, last]
+        return [*messages, tail]
     idx = last_user_index(messages)
     if idx is None:
         raise ValueError("no user message to carry the restated block")

@@ -216,3 +216,12 @@ def test_per_user_id_is_learned_not_presumed() -> None:
     assert first.moved_total == again.moved_total == 0
     assert other.moved == {"prefixed_id": 1}
     assert out["messages"][0]["content"] == STATIC_SYSTEM
+
+
+def test_assistant_prefill_stays_the_last_message() -> None:
+    body = chat_body(header(0) + STATIC_SYSTEM)
+    body["messages"].append({"role": "assistant", "content": "Sure, order"})
+    out, report = run(body, memory=VolatilityMemory())
+    assert report.moved_total == 3
+    assert [m["role"] for m in out["messages"]] == ["system", "user", "system", "assistant"]
+    assert out["messages"][-1] is body["messages"][-1]
