@@ -51,7 +51,8 @@ def _chat_head(body: Mapping[str, Any], limit: int) -> str:
         for msg in messages:
             if not isinstance(msg, dict):
                 continue
-            if msg.get("role") in _SYSTEM_ROLES:
+            role = msg.get("role")
+            if isinstance(role, str) and role in _SYSTEM_ROLES:
                 text = _text_of(msg.get("content"))[: limit - size]
                 parts.append(text)
                 size += len(text) + 1

@@ -95,6 +95,6 @@ def test_embeddings_key_on_input() -> None:
 
 
 def test_malformed_bodies_still_get_a_key() -> None:
-    for body in ({}, {"messages": "nope"}, {"messages": [1, None, {"role": "user"}]}, {"prompt": 5}):
+    for body in ({}, {"messages": "nope"}, {"messages": [1, None, {"role": ["x"]}, {"role": "user"}]}, {"prompt": 5}):
         assert isinstance(routing_key(body, "chat", "s"), int)
         assert isinstance(routing_key(body, "text_completion", "s"), int)
