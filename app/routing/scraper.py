@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 # Spread the probes of many replicas over the interval instead of firing them in lockstep.
 JITTER = 0.1
-MAX_PROBE_TIMEOUT_S = 2.0
+MIN_PROBE_TIMEOUT_S = 1.0
+MAX_PROBE_TIMEOUT_S = 5.0
 
 
 class Scraper:
@@ -40,8 +41,11 @@ class Scraper:
         self._rng = rng or random.Random()
         self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
-        # A probe slower than the interval is as good as failed: the next one is due.
-        self._timeout = aiohttp.ClientTimeout(total=min(max(cfg.probe_interval_s, 0.5), MAX_PROBE_TIMEOUT_S))
+        # Two intervals (at least 1 s, at most 5 s): a busy engine answers /health late, and a late answer
+        # is not a dead engine; a probe that takes longer than that is counted as failed.
+        self._timeout = aiohttp.ClientTimeout(
+            total=min(max(2 * cfg.probe_interval_s, MIN_PROBE_TIMEOUT_S), MAX_PROBE_TIMEOUT_S)
+        )
 
     async def start(self) -> None:
         """Start one polling task per replica (idempotent)."""
