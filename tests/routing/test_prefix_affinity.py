@@ -70,9 +70,15 @@ def test_load_bound_below_one_is_rejected() -> None:
     # Heavily skewed: few distinct keys, so most requests want the same home.
     keys=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=120),
     finish=st.lists(st.booleans(), max_size=120),
+    # Requests of other clients, seen by the last scrape.
+    others=st.lists(st.integers(min_value=0, max_value=12), min_size=6, max_size=6),
 )
-def test_no_placement_exceeds_c_times_mean_load(n: int, c: float, keys: list[int], finish: list[bool]) -> None:
+def test_no_placement_exceeds_c_times_mean_load(
+    n: int, c: float, keys: list[int], finish: list[bool], others: list[int]
+) -> None:
     reps = [ReplicaState(f"http://h{i}:1", "p", i) for i in range(n)]
+    for r, running in zip(reps, others, strict=False):
+        set_load(r, running=running)
     policy = PrefixAffinity(c)
     in_flight: list[ReplicaState] = []
     for i, key in enumerate(keys):
