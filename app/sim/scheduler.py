@@ -83,7 +83,8 @@ class Scheduler:
             self.running.remove(req)
             self._free(req)
         else:
-            self.waiting.remove(req)
+            if req in self.waiting:  # not there yet while the API server still holds it
+                self.waiting.remove(req)
             if req.blocks:
                 self._free(req)
         req.status = Status.FINISHED
@@ -203,19 +204,19 @@ class Scheduler:
     @staticmethod
     def step_cost(batch: list[Scheduled]) -> StepCost:
         """What the profile needs to price this step."""
-        prefill = decode = kv = drafts = pairs = 0
+        prefill = decode = kv = drafts = pairs = ctx = 0
         for s in batch:
             r = s.req
-            kv += r.num_computed
             if r.num_tokens - r.num_computed == 1:
                 decode += 1
                 drafts += s.num_draft
+                kv += r.num_computed
             else:
                 prefill += s.num_new
                 pairs += s.num_new * (r.num_computed + s.num_new // 2)
-        return StepCost(
-            prefill_tokens=prefill, decode_seqs=decode, kv_tokens=kv, draft_tokens=drafts, prefill_pairs=pairs
-        )
+                ctx += r.num_computed
+        return StepCost(prefill_tokens=prefill, decode_seqs=decode, kv_tokens=kv, draft_tokens=drafts,
+                        prefill_pairs=pairs, prefill_ctx_tokens=ctx)  # fmt: skip
 
     # ------------------------------------------------------------- apply step
     def finish_step(
