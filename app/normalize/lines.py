@@ -52,7 +52,7 @@ def parse_line(
 ) -> Line | None:
     """The line `text[line_start:line_end]` as a metadata line, or None if it is prose or a payload."""
     label, value_start = _split_label(text, line_start, line_end)
-    value_end = line_start + len(text[line_start:line_end].rstrip(" \t"))
+    value_end = line_start + len(text[line_start:line_end].rstrip(" \t\r"))
     if not (0 < value_end - value_start <= MAX_VALUE_CHARS) or _wordy(text[value_start:value_end]):
         return None  # prose, not a metadata value: rejected before any (costly) span regex runs
     if label is None:

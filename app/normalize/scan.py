@@ -174,7 +174,7 @@ def _reparse(text: str, shape: Shape, allowed: frozenset[str], now: datetime) ->
         value_start = pos + prefix_len
         ln = None
         if value_start < end and hash(text[pos:value_start]) == prefix_hash:
-            value_end = pos + len(text[pos:end].rstrip(" \t"))
+            value_end = pos + len(text[pos:end].rstrip(" \t\r"))
             ln = parse_value(text, pos, end, None, value_start, value_end, allowed, now)
         if ln is None:  # new label, or a label-only rule that needs the label: the full parse
             ln = parse_line(text, pos, end, allowed, now)
@@ -206,7 +206,7 @@ def remove_spans(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str
             pieces.append(kept)
         cursor = end + 1 if end < n else end
         if at_top:
-            while cursor < n and text[cursor] == "\n":
+            while cursor < n and text[cursor] in "\r\n":
                 cursor += 1
     pieces.append(text[cursor:])
     return "".join(pieces), lines

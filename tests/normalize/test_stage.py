@@ -225,3 +225,10 @@ def test_assistant_prefill_stays_the_last_message() -> None:
     assert report.moved_total == 3
     assert [m["role"] for m in out["messages"]] == ["system", "user", "system", "assistant"]
     assert out["messages"][-1] is body["messages"][-1]
+
+
+def test_crlf_line_endings_move_whole_lines() -> None:
+    system = header(0).replace("\n", "\r\n") + STATIC_SYSTEM.replace("\n", "\r\n")
+    out, report = run(chat_body(system), memory=VolatilityMemory())
+    assert report.moved_total == 3
+    assert out["messages"][0]["content"] == STATIC_SYSTEM.replace("\n", "\r\n")
