@@ -70,6 +70,8 @@ class ModelConfig(_Strict):
     tail_placement: Literal["system", "user"] = "system"
     # The chat template inserts today's date itself (Llama 3): pin chat_template_kwargs.date_string.
     template_inserts_date: bool = False
+    # Canonical tool order: sorted by name (stable across clients), or as the client sent them.
+    tool_order: Literal["name", "client"] = "name"
 
 
 class PriceConfig(_Strict):
@@ -237,6 +239,8 @@ def _problems_from_validation(err: ValidationError) -> list[Problem]:
 
 
 def _semantic_problems(cfg: GatewayConfig) -> list[Problem]:
+    from app.normalize.rules import RULES as known_rules  # the normalize package imports this module
+
     problems: list[Problem] = []
     seen_models: set[str] = set()
     for i, m in enumerate(cfg.models):
@@ -258,6 +262,10 @@ def _semantic_problems(cfg: GatewayConfig) -> list[Problem]:
             seen_keys.add(key)
             if key.startswith("sha256:") and not re.fullmatch(r"sha256:[0-9a-f]{64}", key):
                 problems.append(Problem(f"tenants[{i}].api_keys[{j}]", "sha256: needs 64 lowercase hex digits"))
+        for j, rule in enumerate(t.normalize_rules or ()):
+            if rule not in known_rules:
+                known = ", ".join(known_rules)
+                problems.append(Problem(f"tenants[{i}].normalize_rules[{j}]", f"unknown rule {rule!r}; known: {known}"))
     if cfg.telemetry.otlp_endpoint is not None and not _URL_RE.match(cfg.telemetry.otlp_endpoint):
         problems.append(Problem("telemetry.otlp_endpoint", "not a URL"))
     return problems

@@ -91,6 +91,7 @@ class RouteDecision:
     spilled: bool = False
     priority: int | None = None
     attempt: int = 1
+    detail: str = ""  # why it left the home pool (spill/failover), for the span
 
 
 @dataclass(slots=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from app.config import ModelConfig, RoutingConfig
 from app.context import ClassDecision, RouteDecision
 from app.errors import upstream_unavailable
@@ -12,14 +10,7 @@ from app.routing.priority import priority_for
 from app.routing.spill import DEFAULT_TUNING, SpillTuning, cached_home_and_other, decide_spill, saturation
 from app.routing.state import ClusterState, PoolState
 
-__all__ = ["RouteDecisionDetail", "pick", "routing_key"]
-
-
-@dataclass(slots=True)
-class RouteDecisionDetail(RouteDecision):
-    """A RouteDecision plus why it left the home pool (for the span; empty when it did not)."""
-
-    detail: str = ""
+__all__ = ["pick", "routing_key"]
 
 
 def _out_of_rotation(pool: PoolState, exclude: frozenset[str]) -> str:
@@ -67,7 +58,7 @@ def pick(
     sel = target.policy.select(candidates, key)
     if reason is None:
         reason = "failover" if exclude else sel.reason
-    return RouteDecisionDetail(
+    return RouteDecision(
         pool=target.name,
         replica=sel.chosen.url,
         policy=target.policy.name,

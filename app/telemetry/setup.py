@@ -8,6 +8,8 @@ readers show the same metrics from one source of truth.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +77,10 @@ def build_providers(
     An injected span exporter gets a SimpleSpanProcessor (tests read spans synchronously); OTLP spans go
     through a BatchSpanProcessor so the request path never waits on the network.
     """
-    resource = Resource.create({SERVICE_NAME: cfg.service_name})
+    # Each gateway replica is its own instance: without it a collector merges replicas' cumulative series.
+    resource = Resource.create(
+        {SERVICE_NAME: cfg.service_name, "service.instance.id": f"{socket.gethostname()}-{os.getpid()}"}
+    )
     tracer_provider = TracerProvider(resource=resource)
     tracing = span_exporter is not None or bool(cfg.otlp_endpoint)
     if span_exporter is not None:

@@ -49,6 +49,9 @@ KV_ROUTE_REASON = "kvgate.route.reason"
 KV_ROUTE_POLICY = "kvgate.route.policy"
 KV_ROUTE_SPILLED = "kvgate.route.spilled"
 KV_ROUTE_ATTEMPT = "kvgate.route.attempt"
+KV_ROUTE_DETAIL = "kvgate.route.detail"
+KV_ROUTE_RUNNER_UP = "kvgate.route.runner_up"
+KV_ROUTE_PRIORITY = "kvgate.route.priority"
 KV_COST = "kvgate.cost_usd"
 KV_SAVINGS = "kvgate.savings_usd"
 KV_OVERHEAD_MS = "kvgate.overhead_ms"
@@ -132,6 +135,12 @@ def gateway_attributes(ctx: RequestContext) -> dict[str, Any]:
         # Span attributes cost a few µs each in the SDK: the usual values are left out.
         if route.spilled:
             attrs[KV_ROUTE_SPILLED] = True
+        if route.detail:
+            attrs[KV_ROUTE_DETAIL] = route.detail
+        if route.runner_up is not None:
+            attrs[KV_ROUTE_RUNNER_UP] = route.runner_up
+        if route.priority is not None:
+            attrs[KV_ROUTE_PRIORITY] = route.priority
         if route.attempt > 1:
             attrs[KV_ROUTE_ATTEMPT] = route.attempt
     if ctx.route_class is not None:
