@@ -117,13 +117,17 @@ def _arrivals(r: RequestRecord) -> list[tuple[float, float]]:
 
 
 def steady_window(records: Sequence[RequestRecord]) -> Window | None:
-    """After warm-up: from the first measured request's start to the last request's start (before the load
-    drains), counting every token that arrived in between, whichever request it belonged to."""
+    """After warm-up, the span while the offered load was still whole: from the first measured request's start
+    to the first completion after the last request was sent (later the load drains). Every token that arrived
+    in it counts, whichever request it belonged to. With fixed-length outputs a closed loop runs in waves; the
+    span then covers the whole last wave, its prefill burst included."""
     measured = [r for r in records if not r.warmup]
     if not measured or len(measured) == len(records):
         return None
     t_a = min(r.start_s for r in measured)
-    t_b = max(r.start_s for r in records)
+    last_issue = max(r.start_s for r in records)
+    ends = [r.start_s + r.e2e_s for r in records if r.e2e_s is not None]
+    t_b = min((e for e in ends if e > last_issue), default=last_issue)
     if t_b - t_a <= 0:
         return None
     completed = prompt = cached = 0

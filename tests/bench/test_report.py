@@ -145,23 +145,35 @@ def _stream(i: int, start: float, ttft: float, itl: list[float], output: int, *,
                          prompt_tokens=prompt, usage_reported=True, warmup=warmup)
 
 
-def test_steady_window_counts_tokens_arriving_between_first_measured_start_and_last_issue() -> None:
+def test_steady_window_runs_from_first_measured_start_to_first_completion_after_last_issue() -> None:
     from app.bench.report import steady_window
 
     records = [
         _stream(0, start=0.0, ttft=1.0, itl=[1.0, 1.0, 1.0], output=4, warmup=True),  # tokens at 1, 2, 3, 4
         _stream(1, start=2.0, ttft=0.5, itl=[1.0], output=4),  # two chunks of two tokens, at 2.5 and 3.5
-        _stream(2, start=4.0, ttft=0.5, itl=[1.0], output=2),  # after the last issue: outside
+        _stream(2, start=3.6, ttft=1.5, itl=[1.0], output=2),  # last issue; tokens at 5.1 and 6.1
     ]
     w = steady_window(records)
     assert w is not None
-    assert w.span_s == pytest.approx(2.0)
+    assert w.span_s == pytest.approx(2.0)  # [2.0, 4.0]: request 0 is the first to finish after the last issue
     assert w.output_tokens == pytest.approx(3 + 4)
-    assert w.completed == 2  # the warm-up request ends at 4.0, the first measured one at 3.5
+    assert w.completed == 2  # requests 0 (at 4.0) and 1 (at 3.5)
     assert w.prompt_tokens == 10  # only request 1's first token falls inside
     s = summarize(records, wall_s=99.0, spec=BenchSpec(base_url="http://x"))
     assert s.output_tokens_per_s == pytest.approx(7 / 2.0)
     assert s.requests == 2 and s.output_tokens == 6  # latencies and totals cover the measured requests only
+
+
+def test_steady_window_covers_a_whole_wave_when_requests_start_together() -> None:
+    from app.bench.report import steady_window
+
+    wave1 = [_stream(i, start=0.0, ttft=1.0, itl=[1.0] * 3, output=4, warmup=True) for i in range(2)]
+    wave2 = [_stream(2 + i, start=4.0, ttft=1.0, itl=[1.0] * 3, output=4) for i in range(2)]
+    w = steady_window(wave1 + wave2)
+    assert w is not None
+    assert w.span_s == pytest.approx(4.0)  # the second wave, from its start to its end
+    assert w.output_tokens == pytest.approx(2 + 8)  # wave 1's last tokens at 4.0 fall inside too
+    assert w.completed == 4
 
 
 def test_no_warmup_means_throughput_over_the_whole_run() -> None:
