@@ -108,6 +108,13 @@ class Engine:
         """Start the loop task."""
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="sim-engine")
+            self._task.add_done_callback(self._on_loop_exit)
+
+    def _on_loop_exit(self, task: asyncio.Task[None]) -> None:
+        # A dead engine makes /health answer 503, as vLLM's does.
+        if not task.cancelled() and task.exception() is not None:
+            self.healthy = False
+            log.error("sim engine loop died", exc_info=task.exception())
 
     async def stop(self) -> None:
         """Cancel the loop task."""

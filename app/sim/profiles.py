@@ -96,7 +96,9 @@ H100_8B = Profile(
 #   batch 1 with a 1536-token context: +0..18 ms (noise); the agent-static run's 84 ms TPOT at batch 4 with
 #     ~1.2k-token contexts bounds it -> 2e-6 s per context token
 #   uncached prefill TTFT for 64 / 512 / 1024 / 1900 tokens: 140 / 600 / 1100 / 2100 ms
-#     -> ~40 ms in the API server + one step of 0.95 ms per token + 1.7e-7 s per (query, context) pair
+#     -> ~40 ms in the API server + one step of 0.9 ms per token + 1.7e-7 s per (query, context) pair
+#   (checked on the agent workload, bench/sim_fidelity.py: the real first turn of 1190 uncached tokens took
+#   1.9 s alone under load; 0.8-0.95 ms per token kept the mean TTFT of the run within ~10%)
 #   32 new tokens after a cached 1024-token prefix: 140-270 ms alone; 3 such in one step took ~160 ms more,
 #     so the cached context costs little per request -> 2e-5 s per context token
 #   ngram speculation on the same build: batch-1 gaps with it on (:8001) were within noise of the plain server
@@ -107,7 +109,7 @@ H100_8B = Profile(
 CPU_SMOLLM2 = Profile(
     name="cpu-smollm2",
     base_s=6.8e-2,
-    prefill_token_s=9.5e-4,
+    prefill_token_s=9.0e-4,
     decode_seq_s=2.3e-3,
     kv_token_s=2.0e-6,
     prefill_attn_s=1.7e-7,
