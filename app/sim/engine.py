@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import orjson
+
 from app.sim.kv_cache import BlockPool
 from app.sim.metrics import EngineMetrics
 from app.sim.profiles import Profile
@@ -98,6 +100,7 @@ class Engine:
         # The seeded output stream: token id and text per position, so a token costs two list lookups.
         self.out_ids = [vocab[p][0] for p in picks]
         self.out_text = [vocab[p][1] for p in picks]
+        self.out_json = [orjson.dumps(t) for t in self.out_text]  # per-position JSON literal, for streaming
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
@@ -207,6 +210,12 @@ class Engine:
         return "".join(
             table[(base + k) % OUTPUT_TABLE_LEN] for k in range(start, start + count) if k != eos
         )
+
+    def json_text_of(self, req: SimRequest, start: int, count: int) -> bytes:
+        """The same text as a JSON string literal; one step's single token costs a list lookup."""
+        if count == 1 and start != req.eos_at:
+            return self.out_json[(req.out_offset + start) % OUTPUT_TABLE_LEN]
+        return orjson.dumps(self.text_of(req, start, count))
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's /reset_prefix_cache: drop cached blocks (refused while blocks are in use)."""

@@ -121,46 +121,51 @@ class Scheduler:
     def schedule(self, now: float) -> list[Scheduled]:
         """Choose this step's batch: running requests first, then admit waiting ones if nothing was preempted."""
         cfg, pool = self.config, self.pool
+        bs, free, running = pool.block_size, pool.free, self.running
+        k_spec, max_len = cfg.num_spec_tokens, cfg.max_model_len
         budget = cfg.max_num_batched_tokens
         out: dict[int, Scheduled] = {}
         preempted = False
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            num_new = req.num_tokens - req.num_computed
+        # The hot loop (every running request, every step): plain locals, no property calls.
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed
+            n_tokens = len(req.tokens)
+            num_new = n_tokens - computed
             drafts = 0
-            if num_new == 1 and cfg.num_spec_tokens:
-                drafts = min(
-                    cfg.num_spec_tokens,
-                    req.max_tokens - req.num_output - 1,
-                    cfg.max_model_len - req.num_tokens,
-                )
-                drafts = max(drafts, 0)
-            total = min(num_new + drafts, budget)
-            drafts = max(total - num_new, 0)
-            need = _ceil_blocks(req.num_computed + total, pool.block_size) - len(req.blocks)
-            scheduled_self = True
-            while need > pool.num_free:
-                victim = self._pick_victim()
-                vi = self.running.index(victim)
-                gone = out.pop(id(victim), None)
-                if gone is not None:
-                    budget += gone.num_new
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    scheduled_self = False
-                    break
-                if vi < i:
-                    i -= 1
-            if not scheduled_self:
-                continue
+            if num_new == 1 and k_spec:
+                drafts = max(min(k_spec, req.max_tokens - req.num_output - 1, max_len - n_tokens), 0)
+            total = num_new + drafts
+            if total > budget:
+                total = budget
+                drafts = max(total - num_new, 0)
+            need = (computed + total + bs - 1) // bs - len(req.blocks)
+            if need > len(free):
+                scheduled_self = True
+                while need > len(free):
+                    victim = self._pick_victim()
+                    vi = running.index(victim)
+                    gone = out.pop(id(victim), None)
+                    if gone is not None:
+                        budget += gone.num_new
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        scheduled_self = False
+                        break
+                    if vi < i:
+                        i -= 1
+                if not scheduled_self:
+                    continue
             if need > 0:
                 new = pool.allocate(need)
                 assert new is not None
                 req.blocks.extend(new)
             # Like vLLM's allocate_slots: blocks this step will fill are findable at once (drafts excluded).
-            self._commit(req, min(req.num_computed + total, req.num_tokens))
+            upto = computed + total if computed + total < n_tokens else n_tokens
+            if upto // bs > req.num_cached_blocks:
+                self._commit(req, upto)
             out[id(req)] = Scheduled(req, total, drafts)
             budget -= total
             i += 1

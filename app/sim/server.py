@@ -208,21 +208,21 @@ class GenerationEndpoint:
             resp_id, int(time.time()), self.state.options.model
         )
         pending_roles = [b"".join(chunks.role(i) for i in range(gen.n))]
-        text_of, content = engine.text_of, chunks.content
+        text_of, json_text_of, content = engine.text_of, engine.json_text_of, chunks.content
         continuous, echo = gen.continuous_usage, gen.echo_prompt
 
         def sink(idx: int, start: int, count: int) -> None:
             stream = get_stream()
             req = stream.reqs[idx]
-            text = text_of(req, start, count)
-            if start == 0 and echo:
-                text = echo + text
             last = req.status is Status.FINISHED and start + count == req.num_output
-            if last or continuous:
+            if last or continuous or (start == 0 and echo):
+                text = text_of(req, start, count)
+                if start == 0 and echo:
+                    text = echo + text
                 cont = self._usage(gen, stream, True) if continuous else None
                 body = chunks.delta(idx, text, (req.finish_reason or "stop") if last else None, cont)
             else:
-                body = content(idx, text)
+                body = content(idx, json_text_of(req, start, count))
             if pending_roles:
                 body = pending_roles.pop() + body
             final = stream.done >= stream.n

@@ -94,9 +94,9 @@ class ChatChunks(_Chunks):
         obj["prompt_text"] = None
         return sse(obj)
 
-    def content(self, index: int, text: str) -> bytes:
-        """A content delta (the hot path)."""
-        return self._head + str(index).encode() + self._mid + orjson.dumps(text) + self._tail
+    def content(self, index: int, text_json: bytes) -> bytes:
+        """A content delta (the hot path); `text_json` is the text already as a JSON string literal."""
+        return self._head + str(index).encode() + self._mid + text_json + self._tail
 
     def delta(self, index: int, text: str, finish_reason: str | None, use: dict[str, Any] | None) -> bytes:
         """A delta with optional finish_reason and continuous usage."""
@@ -128,9 +128,9 @@ class CompletionChunks(_Chunks):
         """Completions send no role chunk."""
         return b""
 
-    def content(self, index: int, text: str) -> bytes:
-        """A text delta (the hot path)."""
-        return self._head + str(index).encode() + self._mid + orjson.dumps(text) + self._tail
+    def content(self, index: int, text_json: bytes) -> bytes:
+        """A text delta (the hot path); `text_json` is the text already as a JSON string literal."""
+        return self._head + str(index).encode() + self._mid + text_json + self._tail
 
     def delta(self, index: int, text: str, finish_reason: str | None, use: dict[str, Any] | None) -> bytes:
         """A delta with optional finish_reason and continuous usage."""
