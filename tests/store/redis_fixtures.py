@@ -101,22 +101,22 @@ def key_prefix(redis_url: str) -> Iterator[str]:
     client.close()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-py"])
 async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    """Each test runs once per Store implementation: both must behave the same."""
+    """Each test runs once per Store implementation (Redis with and without the RESP hot path): all alike."""
     if request.param == "memory":
         yield MemoryStore()
         return
     url = request.getfixturevalue("redis_url")
     prefix = request.getfixturevalue("key_prefix")
-    store = loose_redis_store(url, prefix)
+    store = loose_redis_store(url, prefix, fast_path=request.param == "redis")
     try:
         yield store
     finally:
         await store.aclose()
 
 
-def loose_redis_store(url: str, prefix: str, **kw: float) -> RedisStore:
+def loose_redis_store(url: str, prefix: str, **kw: float | bool) -> RedisStore:
     """A RedisStore with timeouts loose enough for a loaded test machine (fail-mode tests set their own)."""
     kw.setdefault("socket_timeout_s", 2.0)
     return RedisStore(url, prefix, **kw)  # type: ignore[arg-type]

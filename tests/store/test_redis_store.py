@@ -6,6 +6,7 @@ import asyncio
 import uuid
 
 import pytest
+import redis.asyncio as aioredis
 
 from app.store.base import LimitSpec, Release, SpendRecord, StoreUnavailable
 from app.store.redis_store import RedisStore
@@ -92,3 +93,84 @@ async def test_store_recovers_after_a_redis_restart(own_redis: RedisServer) -> N
         assert await store.month_spend_micros("acme", MONTH) == 10
     finally:
         await store.aclose()
+
+
+async def test_scripts_flushed_from_the_server_run_again_without_an_error(own_redis: RedisServer) -> None:
+    store = loose_redis_store(own_redis.url, "f:")
+    admin = aioredis.from_url(own_redis.url)
+    try:
+        spec = LimitSpec(rpm=2, concurrent=5)
+        assert (await store.admit("acme", spec, 1, "l1", MONTH, False)).admitted
+        await admin.script_flush()
+        assert (await store.admit("acme", spec, 1, "l2", MONTH, False)).admitted
+        assert (await store.admit("acme", spec, 1, "l3", MONTH, False)).reason == "rpm"
+        assert await admin.script_exists(store._admit_call.sha) == [True]  # cached again by the fallback
+        await admin.script_flush()
+        await store.settle(Release("acme", "l1", None, 0), SpendRecord("s1", "acme", "2026-11-29", "fast", 9))
+        assert await store.month_spend_micros("acme", MONTH) == 9
+        assert await admin.script_exists(store._settle_call.sha) == [True]
+    finally:
+        await store.aclose()
+        await admin.aclose()
+
+
+async def test_an_established_connection_reconnects_after_a_redis_restart(own_redis: RedisServer) -> None:
+    store = loose_redis_store(own_redis.url, "c:", cooldown_s=0)
+    try:
+        assert (await store.admit("acme", LimitSpec(rpm=5), 1, "l1", MONTH, False)).admitted
+        own_redis.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.admit("acme", LimitSpec(rpm=5), 1, "l2", MONTH, False)
+        own_redis.start()
+        assert (await store.admit("acme", LimitSpec(rpm=5), 1, "l3", MONTH, False)).admitted
+        await store.settle(None, SpendRecord("s", "acme", "2026-11-29", "fast", 3))
+        assert await store.month_spend_micros("acme", MONTH) == 3
+    finally:
+        await store.aclose()
+
+
+async def test_a_reply_slower_than_the_socket_timeout_is_store_unavailable_then_cools_off(
+    own_redis: RedisServer,
+) -> None:
+    store = RedisStore(own_redis.url, "t:", socket_timeout_s=0.1, cooldown_s=30)
+    admin = aioredis.from_url(own_redis.url, socket_timeout=5)
+    try:
+        assert (await store.admit("acme", LimitSpec(rpm=5), 1, "l1", MONTH, False)).admitted
+        await admin.execute_command("CLIENT", "PAUSE", 400, "ALL")
+        with pytest.raises(StoreUnavailable, match="RespTimeout"):
+            await store.admit("acme", LimitSpec(rpm=5), 1, "l2", MONTH, False)
+        with pytest.raises(StoreUnavailable, match="cooling off"):
+            await store.settle(None, SpendRecord("s", "acme", "2026-11-29", "fast", 3))
+        await admin.ping()  # the pause is over
+    finally:
+        await store.aclose()
+        await admin.aclose()
+
+
+async def test_an_error_reply_is_store_unavailable_and_logged_without_cooling_off(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = loose_redis_store(redis_url, key_prefix, cooldown_s=30)
+    admin = aioredis.from_url(redis_url)
+    try:
+        await admin.set(f"{key_prefix}{{acme}}:rpm", "not a bucket")  # the script's HMGET hits WRONGTYPE
+        with pytest.raises(StoreUnavailable, match="redis error: RespError"):
+            await store.admit("acme", LimitSpec(rpm=5), 1, "l1", MONTH, False)
+        assert any("WRONGTYPE" in r.getMessage() for r in caplog.records)
+        assert (await store.admit("acme", LimitSpec(tpm=50), 1, "l2", MONTH, False)).admitted
+    finally:
+        await store.aclose()
+        await admin.aclose()
+
+
+@pytest.mark.parametrize(("url", "fast_path", "expected"), [
+    ("redis://127.0.0.1:6379/0", True, True),
+    ("redis://127.0.0.1:6379/0", False, False),
+    ("rediss://127.0.0.1:6379/0", True, False),
+])
+async def test_hot_scripts_use_the_pipelined_client_unless_the_url_or_caller_rules_it_out(
+    url: str, fast_path: bool, expected: bool
+) -> None:
+    store = RedisStore(url, "x:", fast_path=fast_path)
+    assert store.fast_path is expected
+    await store.aclose()

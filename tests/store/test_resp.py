@@ -1,0 +1,197 @@
+"""RespClient against a real Redis: pipelined callers get their own replies, failures surface as typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from app.store.resp import (
+    RespAddress,
+    RespClient,
+    RespConnectionError,
+    RespError,
+    RespTimeout,
+    ScriptCall,
+    encode_command,
+    parse_reply,
+)
+from tests.servers import free_port
+from tests.store.redis_fixtures import RedisServer
+
+
+def address(url: str) -> RespAddress:
+    addr = RespAddress.from_url(url)
+    assert addr is not None
+    return addr
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[RespClient]:
+    """A client on the session's Redis with a loose timeout."""
+    c = RespClient(address(redis_url), 2.0)
+    yield c
+    await c.aclose()
+
+
+async def test_concurrent_callers_share_one_connection_and_each_gets_its_own_reply(client: RespClient) -> None:
+    commands = []
+    for i in range(400):
+        commands.append(encode_command("CLIENT", "ID") if i % 10 == 0 else encode_command("ECHO", f"v{i}"))
+    replies = await asyncio.gather(*(client.execute(c) for c in commands))
+    assert [r for i, r in enumerate(replies) if i % 10] == [f"v{i}".encode() for i in range(400) if i % 10]
+    connection_ids = {r for i, r in enumerate(replies) if i % 10 == 0}
+    assert len(connection_ids) == 1 and isinstance(next(iter(connection_ids)), int)
+
+
+async def test_replies_split_across_reads_are_reassembled(client: RespClient) -> None:
+    big = "x" * 3_000_000  # arrives in many socket reads, between small replies
+    replies = await asyncio.gather(
+        client.execute(encode_command("ECHO", "a")),
+        client.execute(encode_command("ECHO", big)),
+        client.execute(encode_command("ECHO", "b")),
+    )
+    assert replies == [b"a", big.encode(), b"b"]
+
+
+async def test_nested_arrays_nulls_and_simple_strings_parse(client: RespClient, key_prefix: str) -> None:
+    key = f"{key_prefix}h"
+    assert await client.execute(encode_command("SET", key, "v")) == b"OK"
+    assert await client.execute(encode_command("GET", f"{key_prefix}missing")) is None
+    script = "return {1, {KEYS[1], ARGV[1]}, redis.call('GET', KEYS[1])}"
+    reply = await client.execute(encode_command("EVAL", script, 1, key, "é"))
+    assert reply == [1, [key.encode(), "é".encode()], b"v"]
+
+
+async def test_an_error_reply_fails_only_its_command_and_keeps_the_connection(
+    client: RespClient, key_prefix: str
+) -> None:
+    key = f"{key_prefix}s"
+    first_id = await client.execute(encode_command("CLIENT", "ID"))
+    await client.execute(encode_command("SET", key, "text"))
+    results: list[object] = await asyncio.gather(
+        client.execute(encode_command("INCR", key)),
+        client.execute(encode_command("ECHO", "after")),
+        return_exceptions=True,
+    )
+    bad, good = results
+    assert isinstance(bad, RespError) and "not an integer" in str(bad) and not bad.noscript
+    assert good == b"after"
+    assert await client.execute(encode_command("CLIENT", "ID")) == first_id
+
+
+async def test_noscript_is_reported_and_eval_loads_the_script(client: RespClient, key_prefix: str) -> None:
+    call = ScriptCall(f"return 'fresh-{key_prefix}' .. ARGV[1]", 1, 1)  # a sha no server has cached
+    body = call.body([f"{key_prefix}k", "!"])
+    with pytest.raises(RespError) as err:
+        await client.execute(call.evalsha_head + body)
+    assert err.value.noscript
+    assert await client.execute(call.eval_head + body) == f"fresh-{key_prefix}!".encode()
+    assert await client.execute(call.evalsha_head + body) == f"fresh-{key_prefix}!".encode()
+
+
+async def test_a_cancelled_caller_does_not_shift_later_replies(client: RespClient, key_prefix: str) -> None:
+    assert await client.execute(encode_command("PING")) == b"PONG"  # connected
+    # BLPOP on an empty list holds the connection's reply queue for 0.2 s, so the caller is cancelled
+    # while its command is on the wire and its (null) reply still to come.
+    sent = asyncio.ensure_future(client.execute(encode_command("BLPOP", f"{key_prefix}empty", "0.2")))
+    await asyncio.sleep(0)  # the command is queued...
+    await asyncio.sleep(0)  # ...and written
+    sent.cancel()
+    assert await client.execute(encode_command("ECHO", "mine")) == b"mine"
+    assert sent.cancelled()
+
+
+async def test_no_server_is_a_connection_error() -> None:
+    c = RespClient(RespAddress(port=free_port()), 1.0)
+    try:
+        with pytest.raises(RespConnectionError):
+            await c.execute(encode_command("PING"))
+    finally:
+        await c.aclose()
+
+
+async def test_a_server_restart_fails_waiting_commands_then_the_next_command_reconnects(
+    own_redis: RedisServer,
+) -> None:
+    c = RespClient(address(own_redis.url), 2.0)
+    try:
+        assert await c.execute(encode_command("PING")) == b"PONG"
+        own_redis.stop()
+        with pytest.raises(RespConnectionError):
+            await c.execute(encode_command("PING"))
+        own_redis.start()
+        assert await c.execute(encode_command("PING")) == b"PONG"
+    finally:
+        await c.aclose()
+
+
+async def test_replies_later_than_the_timeout_fail_every_waiting_command_then_it_recovers(
+    own_redis: RedisServer,
+) -> None:
+    admin = aioredis.from_url(own_redis.url, socket_timeout=5)
+    c = RespClient(address(own_redis.url), 0.1)
+    try:
+        assert await c.execute(encode_command("PING")) == b"PONG"
+        await admin.execute_command("CLIENT", "PAUSE", 400, "ALL")
+        results = await asyncio.gather(*(c.execute(encode_command("ECHO", str(i))) for i in range(3)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, RespTimeout) for r in results)
+        await admin.ping()  # answered once the pause is over
+        assert await c.execute(encode_command("ECHO", "back")) == b"back"
+    finally:
+        await c.aclose()
+        await admin.aclose()
+
+
+async def test_password_and_database_from_the_url_are_sent_on_connect(own_redis: RedisServer) -> None:
+    admin = aioredis.from_url(own_redis.url)
+    await admin.config_set("requirepass", "s3cret")
+    admin_authed = aioredis.from_url(f"redis://:s3cret@127.0.0.1:{own_redis.port}/5")
+    try:
+        no_password = RespClient(address(own_redis.url), 2.0)
+        with pytest.raises(RespError, match="NOAUTH"):
+            await no_password.execute(encode_command("PING"))
+        await no_password.aclose()
+        c = RespClient(address(f"redis://:s3cret@127.0.0.1:{own_redis.port}/5"), 2.0)
+        assert await c.execute(encode_command("SET", "in-db-5", "yes")) == b"OK"
+        await c.aclose()
+        assert await admin_authed.get("in-db-5") == b"yes"
+    finally:
+        await admin.aclose()
+        await admin_authed.aclose()
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("redis://127.0.0.1:6380/2", RespAddress("127.0.0.1", 6380, None, 2)),
+    ("redis://localhost", RespAddress("localhost", 6379, None, 0)),
+    ("redis://u:p%40ss@h:1/0", RespAddress("h", 1, None, 0, "u", "p@ss")),
+    ("redis://:pw@h:1?db=4", RespAddress("h", 1, None, 4, None, "pw")),
+    ("unix:///run/redis.sock?db=3", RespAddress(path="/run/redis.sock", db=3)),
+    ("rediss://h:1/0", None),
+    ("redis://h:1/0?ssl_cert_reqs=none", None),
+])
+def test_url_parsing_accepts_what_the_client_speaks_and_rejects_the_rest(
+    url: str, expected: RespAddress | None
+) -> None:
+    assert RespAddress.from_url(url) == expected
+
+
+def test_handshake_authenticates_before_selecting_the_database() -> None:
+    addr = dataclasses.replace(RespAddress(), username="u", password="p", db=3)
+    assert addr.handshake() == [encode_command("AUTH", "u", "p"), encode_command("SELECT", 3)]
+    assert RespAddress().handshake() == []
+
+
+def test_script_frames_are_valid_resp_arrays() -> None:
+    call = ScriptCall("return 1", 1, 2)
+    frame = call.evalsha_head + call.body(["k", "é", ""])
+    # A RESP request array parses like a reply: the command then its arguments as bulk strings.
+    parsed, end = parse_reply(frame, 0)
+    assert end == len(frame)
+    assert parsed == [b"EVALSHA", call.sha.encode(), b"1", b"k", "é".encode(), b""]
+    with pytest.raises(ValueError):
+        call.body(["k"])
