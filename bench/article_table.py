@@ -212,6 +212,8 @@ def markdown_section(section: Section, results: list[BenchResult]) -> str:
         if drafts:
             acc = m.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
             parts.append(f"mean acceptance length {1 + acc / drafts:.2f}")
+        if r.summary.cost.savings_ratio is not None:
+            parts.append(f"{r.summary.cost.savings_ratio * 100:.1f}% below the cloud reference price")
         steps = m.get("kvgate_sim_steps", 0.0)
         if steps:
             parts.append(f"mean modeled step {m.get('kvgate_sim_modeled_step_seconds', 0.0) / steps * 1000:.1f} ms")
@@ -253,7 +255,8 @@ async def main_async(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]
         blocks.append(block)
         everything += [r.to_dict(records=False) for r in results]
     tables = "\n".join(blocks)
-    tables += (f"\nPrice: one GPU at ${GPU_HOUR_USD:.2f}/h; $/M output = GPU $/h / (3600 x output tok/s) x 1e6. "
+    tables += (f"\nPrice: one GPU at ${GPU_HOUR_USD:.2f}/h; $/M output = GPU $/h / (3600 x output tok/s) x 1e6; "
+               "the cloud reference charges $3.00 / $0.30 / $15.00 per M input / cached input / output tokens. "
                f"Times are the sim's modeled time (wall time x sim clock). "
                f"Made by `bench/article_table.py` in {time.perf_counter() - started:.0f} s of wall time.\n")
     return tables, everything
