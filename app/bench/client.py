@@ -60,7 +60,6 @@ class BenchClient:
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=10),
             json_serialize=lambda o: orjson.dumps(o).decode(),
-            auto_decompress=False,
         )
 
     async def close(self) -> None:

@@ -13,7 +13,7 @@ from app.bench.client import BenchClient
 from app.bench.progress import ProgressView
 from app.bench.report import BenchResult, rescaled, summarize
 from app.bench.spec import BenchSpec, RequestRecord
-from app.bench.workloads import Session, Workload, WorkloadOptions
+from app.bench.workloads import BenchRequest, Session, Workload, WorkloadOptions
 
 
 class _Scheduler:
@@ -37,25 +37,28 @@ class _Scheduler:
             return True
         return self.deadline is not None and time.perf_counter() >= self.deadline
 
-    def take(self) -> Session:
-        """The session whose turn goes next."""
+    def issue(self) -> tuple[Session, BenchRequest, RequestRecord]:
+        """The next request to send, counted as issued now (before any await, so limits hold exactly)."""
         if self.ready:
-            return self.ready.popleft()
-        session = self.workload.session(self.next_session)
-        self.next_session += 1
-        return session
+            session = self.ready.popleft()
+        else:
+            session = self.workload.session(self.next_session)
+            self.next_session += 1
+        req = session.next_request(self.model, self.spec.stream)
+        if self.spec.extra_body:
+            req.body.update(self.spec.extra_body)
+        rec = RequestRecord(index=self.issued, session=req.session, turn=req.turn, tenant=req.tenant,
+                            route_class=req.route_class, warmup=self.issued < self.spec.warmup)
+        self.issued += 1
+        self.records.append(rec)
+        return session, req, rec
 
 
-async def _one(
-    sched: _Scheduler, client: BenchClient, session: Session, on_done: Callable[[RequestRecord], None]
+async def _send(
+    sched: _Scheduler, client: BenchClient, issued: tuple[Session, BenchRequest, RequestRecord],
+    on_done: Callable[[RequestRecord], None],
 ) -> None:
-    req = session.next_request(sched.model, sched.spec.stream)
-    if sched.spec.extra_body:
-        req.body.update(sched.spec.extra_body)
-    rec = RequestRecord(index=sched.issued, session=req.session, turn=req.turn, tenant=req.tenant,
-                        route_class=req.route_class, warmup=sched.issued < sched.spec.warmup)
-    sched.issued += 1
-    sched.records.append(rec)
+    session, req, rec = issued
     text = await client.send(req, rec, sched.t0)
     session.record_reply(text)
     if not session.done:
@@ -66,7 +69,7 @@ async def _one(
 async def _closed_loop(sched: _Scheduler, client: BenchClient, on_done: Callable[[RequestRecord], None]) -> None:
     async def worker() -> None:
         while not sched.exhausted():
-            await _one(sched, client, sched.take(), on_done)
+            await _send(sched, client, sched.issue(), on_done)
 
     await asyncio.gather(*(worker() for _ in range(max(1, sched.spec.concurrency))))
 
@@ -86,7 +89,7 @@ async def _open_loop(sched: _Scheduler, client: BenchClient, on_done: Callable[[
             # Bound memory if the target falls far behind; arrivals resume as requests finish.
             await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
             continue
-        task = asyncio.create_task(_one(sched, client, sched.take(), on_done))
+        task = asyncio.create_task(_send(sched, client, sched.issue(), on_done))
         inflight.add(task)
         task.add_done_callback(inflight.discard)
         next_at += rng.expovariate(sched.spec.rate)

@@ -93,6 +93,13 @@ async def test_open_loop_rate_sends_the_requested_count() -> None:
     assert result.summary.ok == 20 and len(fake.received) == 20
 
 
+async def test_open_loop_far_behind_schedule_still_sends_exactly_the_requested_count() -> None:
+    fake = FakeOpenAI(tokens=1, first_delay_s=0.0, token_delay_s=0.0)
+    async with serving(fake) as url:
+        result = await run_bench(BenchSpec(base_url=url, rate=1e6, requests=25))
+    assert len(result.records) == 25 and len(fake.received) == 25
+
+
 async def test_duration_bound_stops_issuing() -> None:
     fake = FakeOpenAI(tokens=2, first_delay_s=0.01, token_delay_s=0.0)
     async with serving(fake) as url:
