@@ -273,7 +273,7 @@ class RespClient:
         self._addr = address
         self._timeout = timeout_s
         self._conn: _Conn | None = None
-        self._opening: asyncio.Future[_Conn] | None = None
+        self._opening: asyncio.Task[_Conn] | None = None
 
     async def execute(self, payload: bytes) -> Any:
         """Send one framed command and return its reply (RespError raised for an error reply)."""
@@ -284,29 +284,24 @@ class RespClient:
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
-        opening = self._opening
-        if opening is not None and opening.get_loop() is loop:
-            # Callers arriving during a connect share it (shielded: one cancelled caller must not
-            # cancel the connect for the others).
-            return await asyncio.shield(opening)
-        self._drop()
-        fut: asyncio.Future[_Conn] = loop.create_future()
-        self._opening = fut
-        try:
-            conn = await self._open(loop)
-        except BaseException as err:
-            if isinstance(err, Exception):
-                fut.set_exception(err)
-                fut.exception()  # retrieved: callers that did not share this connect must not warn
-            else:
-                fut.cancel()
-            raise
-        finally:
-            if self._opening is fut:
-                self._opening = None
-        self._conn = conn
-        fut.set_result(conn)
-        return conn
+        task = self._opening
+        if task is None or task.get_loop() is not loop:
+            self._drop()
+            # The connect runs as its own task that every caller waiting for it shields: a caller
+            # cancelled mid-connect (client went away) must not abort the connect for the others.
+            task = loop.create_task(self._open(loop))
+            task.add_done_callback(self._opened)
+            self._opening = task
+        return await asyncio.shield(task)
+
+    def _opened(self, task: asyncio.Task[_Conn]) -> None:
+        # Runs before the shielded callers resume (done callbacks run in the order they were added).
+        if self._opening is task:
+            self._opening = None
+        if task.cancelled():
+            return
+        if task.exception() is None:  # reading it also keeps asyncio from logging it as unretrieved
+            self._conn = task.result()
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Conn:
         a = self._addr
@@ -347,4 +342,7 @@ class RespClient:
 
     async def aclose(self) -> None:
         """Close the connection (waiting commands fail with RespConnectionError)."""
+        task, self._opening = self._opening, None
+        if task is not None and not task.get_loop().is_closed():
+            task.cancel()
         self._drop()

@@ -105,6 +105,19 @@ async def test_a_cancelled_caller_does_not_shift_later_replies(client: RespClien
     assert sent.cancelled()
 
 
+async def test_a_caller_cancelled_while_connecting_does_not_abort_the_connect_for_others(redis_url: str) -> None:
+    c = RespClient(address(redis_url), 2.0)
+    try:
+        first = asyncio.ensure_future(c.execute(encode_command("ECHO", "first")))
+        second = asyncio.ensure_future(c.execute(encode_command("ECHO", "second")))
+        await asyncio.sleep(0)  # both are now waiting for the one connect the first started
+        first.cancel()
+        assert await second == b"second"
+        assert first.cancelled()
+    finally:
+        await c.aclose()
+
+
 async def test_no_server_is_a_connection_error() -> None:
     c = RespClient(RespAddress(port=free_port()), 1.0)
     try:
