@@ -44,7 +44,8 @@ def counters(base: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in get(base + "/metrics").splitlines():
         for name in ("prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total",
-                     "generation_tokens_total", "num_preemptions_total"):  # fmt: skip
+                     "generation_tokens_total", "num_preemptions_total", "spec_decode_num_drafts_total",
+                     "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):  # fmt: skip
             if line.startswith(f"vllm:{name}{{"):
                 out[name] = float(line.rsplit(" ", 1)[1])
     return out
@@ -58,7 +59,7 @@ def run_target(base: str, args: argparse.Namespace) -> dict[str, Any]:
         cmd = [str(ROOT / ".venv/bin/kvgate"), "bench", "--base-url", base + "/v1", "--workload", args.workload,
                "--concurrency", str(args.concurrency), "--requests", str(args.requests),
                "--max-tokens", str(args.max_tokens), "--seed", str(args.seed), "--extra-body",
-               '{"ignore_eos": true}', "--json", f.name, "--json-summary-only", "--quiet",
+               args.extra_body, "--json", f.name, "--json-summary-only", "--quiet",
                "--timeout", "600"]  # fmt: skip
         subprocess.run(cmd, check=False, capture_output=True, timeout=1800)
         summary = json.loads(Path(f.name).read_text())["summary"]
@@ -77,6 +78,9 @@ def run_target(base: str, args: argparse.Namespace) -> dict[str, Any]:
         "ok": summary["ok"],
         "errors": summary["errors"],
         "preemptions": d.get("num_preemptions_total", 0.0),
+        "spec_drafts": d.get("spec_decode_num_drafts_total", 0.0),
+        "spec_draft_tok": d.get("spec_decode_num_draft_tokens_total", 0.0),
+        "spec_accepted": d.get("spec_decode_num_accepted_tokens_total", 0.0),
     }  # fmt: skip
 
 
@@ -92,6 +96,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    # The real servers run without --enable-auto-tool-choice: tool_choice none keeps the agent's tools legal.
+    p.add_argument("--extra-body", default='{"ignore_eos": true, "tool_choice": "none"}')
     p.add_argument("--sim-extra", default="", help="extra kvgate sim flags, space-separated")
     args = p.parse_args()
 
@@ -117,7 +123,7 @@ def main() -> None:
             sim_proc.terminate()
             sim_proc.wait(timeout=10)
     print(f"workload {args.workload}, concurrency {args.concurrency}, {args.requests} requests, "
-          f"max_tokens {args.max_tokens} (ignore_eos), seed {args.seed}")  # fmt: skip
+          f"max_tokens {args.max_tokens}, extra body {args.extra_body}, seed {args.seed}")  # fmt: skip
     print(f"{'metric':<16}{'real':>12}{'sim':>12}{'sim/real':>10}")
     for k in real_r:
         rv, sv = real_r[k], sim_r[k]

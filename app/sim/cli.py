@@ -19,8 +19,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks of 16 tokens; default: the profile's")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block; default: the profile's")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the profile's")
-    p.add_argument("--speculative", default=None, metavar="ngram:K:ACCEPT",
-                   help="speculative decoding: K draft tokens, each accepted with probability ACCEPT")  # fmt: skip
+    p.add_argument("--speculative", default=None, metavar="ngram:K:ACCEPT[:DRAFT]",
+                   help="speculative decoding: K draft tokens, each accepted with probability ACCEPT; "
+                        "DRAFT (default 1) = share of steps where the proposer has a draft")  # fmt: skip
     p.add_argument("--time-scale", type=float, default=1.0, help="run the clock X times faster")
     p.add_argument("--tokenizer", default=None, metavar="PATH", help="a tokenizer.json (default: built-in scheme)")
     p.add_argument("--seed", type=int, default=0)

@@ -10,22 +10,27 @@ from app.sim.scheduler import SchedulerConfig
 
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
-    """Speculative decoding as `--speculative ngram:K:ACCEPT`."""
+    """Speculative decoding as `--speculative ngram:K:ACCEPT[:DRAFT]`."""
 
     method: str
     num_tokens: int
     accept: float
+    draft_prob: float = 1.0
 
     @classmethod
     def parse(cls, text: str) -> SpecConfig:
-        """Parse `ngram:K:ACCEPT` (K ≥ 1, 0 ≤ ACCEPT ≤ 1)."""
+        """Parse `ngram:K:ACCEPT[:DRAFT]` (K >= 1; ACCEPT, DRAFT in 0..1; DRAFT = how often a draft exists)."""
         parts = text.split(":")
-        if len(parts) != 3:
-            raise ValueError(f"--speculative expects METHOD:K:ACCEPT, got {text!r}")
-        method, k, accept = parts[0], int(parts[1]), float(parts[2])
-        if k < 1 or not 0.0 <= accept <= 1.0:
-            raise ValueError("--speculative needs K >= 1 and 0 <= ACCEPT <= 1")
-        return cls(method, k, accept)
+        if len(parts) not in (3, 4):
+            raise ValueError(f"--speculative expects METHOD:K:ACCEPT[:DRAFT], got {text!r}")
+        try:
+            method, k, accept = parts[0], int(parts[1]), float(parts[2])
+            draft = float(parts[3]) if len(parts) == 4 else 1.0
+        except ValueError:
+            raise ValueError(f"--speculative expects METHOD:K:ACCEPT[:DRAFT], got {text!r}") from None
+        if k < 1 or not 0.0 <= accept <= 1.0 or not 0.0 <= draft <= 1.0:
+            raise ValueError("--speculative needs K >= 1 and ACCEPT, DRAFT within 0..1")
+        return cls(method, k, accept, draft)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,7 @@ class SimOptions:
             max_model_len=self.max_model_len or p.default_max_model_len,
             num_spec_tokens=spec.num_tokens if spec else 0,
             spec_accept=spec.accept if spec else 0.0,
+            spec_draft_prob=spec.draft_prob if spec else 1.0,
             policy=self.scheduling_policy,
         )
 

@@ -21,6 +21,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
     num_spec_tokens: int = 0  # K draft tokens per decode step (0: no speculative decoding)
     spec_accept: float = 0.0  # probability that each draft token is accepted
+    spec_draft_prob: float = 1.0  # probability that the proposer has a draft for a sequence at a step (ngram: a match)
     policy: str = "fcfs"  # fcfs | priority
 
 
@@ -123,6 +124,7 @@ class Scheduler:
         cfg, pool = self.config, self.pool
         bs, free, running = pool.block_size, pool.free, self.running
         k_spec, max_len = cfg.num_spec_tokens, cfg.max_model_len
+        p_draft, rng = cfg.spec_draft_prob, self._rng
         budget = cfg.max_num_batched_tokens
         out: dict[int, Scheduled] = {}
         preempted = False
@@ -134,7 +136,7 @@ class Scheduler:
             n_tokens = len(req.tokens)
             num_new = n_tokens - computed
             drafts = 0
-            if num_new == 1 and k_spec:
+            if num_new == 1 and k_spec and (p_draft >= 1.0 or rng.random() < p_draft):
                 drafts = max(min(k_spec, req.max_tokens - req.num_output - 1, max_len - n_tokens), 0)
             total = num_new + drafts
             if total > budget:

@@ -76,3 +76,13 @@ def test_malformed_json_gets_fastapis_validation_body() -> None:
     assert err.param == "body.1" and err.err_type == "Bad Request"
     assert "'msg': 'JSON decode error'" in err.message
     assert "Expecting property name enclosed in double quotes" in err.message
+
+
+def test_speculative_flag_parses_k_accept_and_optional_draft_share() -> None:
+    from app.sim.options import SpecConfig
+
+    assert SpecConfig.parse("ngram:3:0.7") == SpecConfig("ngram", 3, 0.7, 1.0)
+    assert SpecConfig.parse("ngram:4:0.1:0.05") == SpecConfig("ngram", 4, 0.1, 0.05)
+    for bad in ("ngram:0:0.5", "ngram:3:1.5", "ngram:3", "ngram:x:0.5", "ngram:3:0.5:2"):
+        with pytest.raises(ValueError):
+            SpecConfig.parse(bad)

@@ -176,3 +176,16 @@ def test_blocks_are_findable_from_the_step_that_computes_them() -> None:
     batch, _ = _step(s)
     assert [x.req.rid for x in batch] == ["a", "b"]
     assert (a.cached_tokens, b.cached_tokens) == (0, 3 * BLOCK_SIZE)
+
+
+def test_draft_probability_limits_how_often_a_sequence_speculates() -> None:
+    cfg = SchedulerConfig(num_spec_tokens=3, spec_accept=0.5, spec_draft_prob=0.2)
+    s = Scheduler(cfg, BlockPool(400), seed=3)
+    r = _req("r", 20, 400)
+    s.add(r)
+    decode_steps = 0
+    while s.has_work():
+        batch, _ = _step(s)
+        decode_steps += sum(1 for x in batch if x.num_new - x.num_draft == 1)
+    share = s.counters.spec_drafts / decode_steps
+    assert 0.1 < share < 0.3
