@@ -7,12 +7,14 @@ limit set, against:
   resp      RedisStore (default): both scripts over the pipelined RespClient connection
   memory    MemoryStore (no network)
 First sequentially (wall time = latency added to one request), then `--concurrency` requests at a
-time (pipelining shares one connection). Prints µs per request (wall and this process's CPU), CPU
-ratios against the redis-py path and against memory, and the script calls Redis ran per request
-(from INFO commandstats, so "one round trip each" is measured on the server, not assumed).
+time (pipelining shares one connection). Variants run interleaved for --rounds rounds (a noisy
+neighbour then disturbs all alike); prints medians of µs per request (wall and this process's CPU,
+which includes the kernel's share of loopback TCP), the lowest CPU seen, CPU ratios against the
+redis-py path and against memory, and the script calls Redis ran per request (from INFO
+commandstats, so "one round trip each" is measured on the server, not assumed).
 
     .venv/bin/python bench/store_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--n 3000]
-        [--concurrency 32] [--loop uvloop|asyncio]
+        [--concurrency 32] [--rounds 3] [--loop uvloop|asyncio]
 Without --redis-url (or REDIS_URL) a throwaway redis-server is started on a free port.
 """
 
@@ -23,6 +25,7 @@ import asyncio
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -111,50 +114,70 @@ async def script_calls(client: aioredis.Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval", "ping"))
 
 
-async def main(url: str, n: int, concurrency: int) -> None:
+VARIANTS = ("ping", "redis-py", "resp", "memory")
+Row = tuple[float, float, float]
+
+
+async def run_variant(url: str, prefix: str, name: str, n: int, conc: int, stats: aioredis.Redis) -> Row:
+    """Measure one variant once: (wall µs, CPU µs, server round trips) per request."""
+    store: Store | None = None
+    ping_client = None
+    fn: Callable[[], Awaitable[None]]
+    if name == "ping":
+        ping_client = aioredis.from_url(url)
+        client = ping_client
+
+        async def ping() -> None:
+            await client.ping()
+
+        fn = ping
+
+    elif name == "memory":
+        store = MemoryStore()
+        fn = await per_request(store)
+    else:
+        redis_store = RedisStore(url, prefix, socket_timeout_s=2, fast_path=name == "resp")
+        assert redis_store.fast_path == (name == "resp")
+        store = redis_store
+        fn = await per_request(store)
+    before = await script_calls(stats)
+    wall, cpu = await measure(fn, n, conc)
+    # The INFO call itself is not a script or PING, so no correction is needed.
+    trips = (await script_calls(stats) - before) / (n - n % conc + 200)
+    if store is not None:
+        await store.aclose()
+    if ping_client is not None:
+        await ping_client.aclose()
+    return wall, cpu, trips if name != "memory" else 0.0
+
+
+async def main(url: str, n: int, concurrency: int, rounds: int) -> None:
     prefix = f"kvgate-bench:{uuid.uuid4().hex[:8]}:"
-    ping_client = aioredis.from_url(url)
-    stats_client = aioredis.from_url(url)
-
-    async def ping() -> None:
-        await ping_client.ping()
-
-    rows = []
-    for conc in sorted({1, concurrency}):
-        for name in ("ping", "redis-py", "resp", "memory"):
-            store: Store | None = None
-            if name == "ping":
-                fn = ping
-            elif name == "memory":
-                store = MemoryStore()
-                fn = await per_request(store)
-            else:
-                redis_store = RedisStore(url, prefix, socket_timeout_s=2, fast_path=name == "resp")
-                assert redis_store.fast_path == (name == "resp")
-                store = redis_store
-                fn = await per_request(store)
-            before = await script_calls(stats_client)
-            wall, cpu = await measure(fn, n, conc)
-            # The INFO call itself counts once (as a non-script) so no correction is needed.
-            trips = (await script_calls(stats_client) - before) / (n - n % conc + 200)
-            rows.append((name, conc, wall, cpu, trips if name != "memory" else 0.0))
-            if store is not None:
-                await store.aclose()
-    await ping_client.aclose()
-    print(f"{'variant':<9} {'conc':>4} {'wall µs/req':>12} {'cpu µs/req':>11} {'cpu/redis-py':>12} "
+    stats = aioredis.from_url(url)
+    levels = sorted({1, concurrency})
+    runs: dict[tuple[str, int], list[Row]] = {(v, c): [] for v in VARIANTS for c in levels}
+    # Rounds interleave the variants so a noisy neighbour disturbs all of them alike; medians reported.
+    for _ in range(rounds):
+        for conc in levels:
+            for name in VARIANTS:
+                runs[(name, conc)].append(await run_variant(url, prefix, name, n, conc, stats))
+    med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in runs.items()}
+    print(f"median of {rounds} interleaved rounds, {n} requests each")
+    print(f"{'variant':<9} {'conc':>4} {'wall µs/req':>12} {'cpu µs/req':>11} {'cpu min':>8} {'cpu/redis-py':>12} "
           f"{'cpu/memory':>10} {'round trips/req':>15}")
-    for name, conc, wall, cpu, trips in rows:
-        base = next(r[3] for r in rows if r[0] == "redis-py" and r[1] == conc)
-        mem = next(r[3] for r in rows if r[0] == "memory" and r[1] == conc)
-        print(f"{name:<9} {conc:>4} {wall:>12.1f} {cpu:>11.1f} {cpu / base:>12.2f} {cpu / mem:>10.2f} "
+    for name, conc in sorted(med, key=lambda k: (k[1], VARIANTS.index(k[0]))):
+        wall, cpu, trips = med[(name, conc)]
+        base, mem = med[("redis-py", conc)][1], med[("memory", conc)][1]
+        low = min(r[1] for r in runs[(name, conc)])
+        print(f"{name:<9} {conc:>4} {wall:>12.1f} {cpu:>11.1f} {low:>8.1f} {cpu / base:>12.2f} {cpu / mem:>10.2f} "
               f"{trips:>15.2f}")
-    for conc in sorted({1, concurrency}):
-        cpu = {r[0]: r[3] for r in rows if r[1] == conc}
-        print(f"concurrency {conc}: limits+spend CPU over memory: redis-py +{cpu['redis-py'] - cpu['memory']:.1f} µs, "
-              f"resp +{cpu['resp'] - cpu['memory']:.1f} µs")
-    async for key in stats_client.scan_iter(match=f"{prefix}*", count=1000):
-        await stats_client.delete(key)
-    await stats_client.aclose()
+    for conc in levels:
+        mem = med[("memory", conc)][1]
+        print(f"concurrency {conc}: CPU added over memory per request: "
+              f"redis-py +{med[('redis-py', conc)][1] - mem:.1f} µs, resp +{med[('resp', conc)][1] - mem:.1f} µs")
+    async for key in stats.scan_iter(match=f"{prefix}*", count=1000):
+        await stats.delete(key)
+    await stats.aclose()
 
 
 def free_port() -> int:
@@ -168,6 +191,7 @@ if __name__ == "__main__":
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                     help="event loop (kvgate serve runs uvloop)")
     args = ap.parse_args()
@@ -186,9 +210,9 @@ if __name__ == "__main__":
         if args.loop == "uvloop":
             import uvloop
 
-            uvloop.run(main(url, args.n, args.concurrency))
+            uvloop.run(main(url, args.n, args.concurrency, args.rounds))
         else:
-            asyncio.run(main(url, args.n, args.concurrency))
+            asyncio.run(main(url, args.n, args.concurrency, args.rounds))
     finally:
         if proc is not None:
             proc.terminate()

@@ -185,12 +185,17 @@ class _Conn(asyncio.Protocol):
             fut.set_exception(RespConnectionError("connection closed"))
             return fut
         deadline = self.loop.time() + self.timeout_s
-        self.waiters.append((fut, deadline))
-        out = self.out
-        out.append(payload)
-        if len(out) == 1:
-            # Commands sent in the same loop iteration leave in one write (one syscall) at its end.
-            self.loop.call_soon(self._flush)
+        waiters = self.waiters
+        waiters.append((fut, deadline))
+        if len(waiters) == 1:
+            # Nothing in flight: write now (no extra loop iteration before the command leaves).
+            self.transport.write(payload)
+        else:
+            # Under load, commands sent in the same loop iteration leave in one write (one syscall).
+            out = self.out
+            out.append(payload)
+            if len(out) == 1:
+                self.loop.call_soon(self._flush)
         if self.timer is None:
             self.timer = self.loop.call_at(deadline, self._on_timer)
         return fut
