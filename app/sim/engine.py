@@ -229,15 +229,17 @@ class Engine:
         prev_end = prev_after = 0.0
         while True:
             if not sched.has_work():
+                prev_end = 0.0  # idle: the next step starts when work arrives
                 await self._wake.wait()
                 self._wake.clear()
                 continue
             # Output processing overlaps the next forward pass (vLLM runs them in separate processes), so a
             # busy engine's step starts where the previous one ended; an idle one starts now.
             now_l = loop.time()
-            t0 = prev_end if 0.0 <= now_l - prev_end < 0.25 else now_l
+            t0 = prev_end if prev_end and now_l - prev_end < 0.25 else now_l
             batch = sched.schedule(time.monotonic())
             if not batch:
+                prev_end = 0.0
                 # Only possible when the head request cannot fit even an empty cache; wait for an abort.
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
