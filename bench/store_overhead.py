@@ -90,22 +90,22 @@ async def per_request(store: Store) -> Callable[[], Awaitable[None]]:
     return one
 
 
-async def measure(fn: Callable[[], Awaitable[None]], n: int, concurrency: int) -> tuple[float, float]:
-    """(wall µs, CPU µs) per request over n requests, `concurrency` in flight at a time (after a warm-up)."""
+async def measure(fn: Callable[[], Awaitable[None]], n: int, concurrency: int) -> tuple[float, float, int]:
+    """(wall µs, CPU µs) per request over n requests, `concurrency` in flight at a time, after a warm-up;
+    and how many requests ran in all (warm-up included)."""
 
-    async def batch(count: int) -> None:
-        if concurrency == 1:
-            for _ in range(count):
-                await fn()
-            return
+    async def batch(count: int) -> int:
         for _ in range(count // concurrency):
-            await asyncio.gather(*(fn() for _ in range(concurrency)))
+            if concurrency == 1:
+                await fn()
+            else:
+                await asyncio.gather(*(fn() for _ in range(concurrency)))
+        return count - count % concurrency
 
-    await batch(200)
-    n -= n % concurrency
+    warm = await batch(200)
     wall, cpu = time.perf_counter(), time.process_time()
-    await batch(n)
-    return (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
+    done = await batch(n)
+    return (time.perf_counter() - wall) / done * 1e6, (time.process_time() - cpu) / done * 1e6, warm + done
 
 
 async def script_calls(client: aioredis.Redis) -> int:
@@ -141,9 +141,9 @@ async def run_variant(url: str, prefix: str, name: str, n: int, conc: int, stats
         store = redis_store
         fn = await per_request(store)
     before = await script_calls(stats)
-    wall, cpu = await measure(fn, n, conc)
+    wall, cpu, ran = await measure(fn, n, conc)
     # The INFO call itself is not a script or PING, so no correction is needed.
-    trips = (await script_calls(stats) - before) / (n - n % conc + 200)
+    trips = (await script_calls(stats) - before) / ran
     if store is not None:
         await store.aclose()
     if ping_client is not None:
