@@ -93,7 +93,7 @@ class Engine:
             config.kv_blocks, block_size=config.block_size, enable_caching=config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config.scheduler, self.pool, seed=config.seed)
-        self.metrics = EngineMetrics(config.model_name)
+        self.metrics = EngineMetrics(config.model_name, max_model_len=config.scheduler.max_model_len)
         self.eos_token_id = eos_token_id
         rng = random.Random(config.seed)
         picks = [rng.randrange(len(vocab)) for _ in range(OUTPUT_TABLE_LEN)]
@@ -245,6 +245,7 @@ class Engine:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.05)
                 continue
+            m.iteration.observe(sum(s.num_new for s in batch))
             dt = profile.step_time(sched.step_cost(batch))
             m.modeled_s += dt
             end = t0 + dt / scale
@@ -301,6 +302,12 @@ class Engine:
         m = self.metrics
         m.success[req.finish_reason or "abort"] = m.success.get(req.finish_reason or "abort", 0) + 1
         m.e2e.observe(now - req.arrival)
+        m.req_prompt.observe(req.num_prompt)
+        m.req_gen.observe(req.num_output)
+        m.req_max_tokens.observe(req.max_tokens)
+        m.req_preemptions.observe(req.num_preemptions)
+        if req.cached_tokens >= 0:
+            m.req_kv_computed.observe(req.num_prompt - req.cached_tokens)
         if req.scheduled_ts:
             m.queue.observe(req.scheduled_ts - req.arrival)
             m.inference.observe(max(req.last_token_ts, req.scheduled_ts) - req.scheduled_ts)

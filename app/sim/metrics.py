@@ -17,7 +17,21 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                20.0, 40.0, 80.0)  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def request_tokens_buckets(max_model_len: int) -> list[float]:
+    """vLLM's 1-2-5 series capped at max_model_len."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return out
+            out.append(m * scale)
+        scale *= 10
 
 
 def _labels(base: dict[str, str], **extra: str) -> str:
@@ -65,7 +79,7 @@ class Histogram:
 class EngineMetrics:
     """Token counters and latency histograms the engine feeds; queue and cache gauges are read at scrape time."""
 
-    def __init__(self, model_name: str, engine: int = 0) -> None:
+    def __init__(self, model_name: str, engine: int = 0, max_model_len: int = 2048) -> None:
         self.base = {"engine": str(engine), "model_name": model_name}
         self.created = time.time()
         self.prompt_tokens = 0
@@ -94,10 +108,27 @@ class EngineMetrics:
         self.decode = Histogram("vllm:request_decode_time_seconds",
                                 "Histogram of time spent in DECODE phase for request.",
                                 REQUEST_LATENCY_BUCKETS)  # fmt: skip
+        tok = request_tokens_buckets(max_model_len)
+        self.req_prompt = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok)
+        self.req_gen = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tok)
+        self.req_max_tokens = Histogram("vllm:request_params_max_tokens",
+                                        "Histogram of the max_tokens request parameter.", tok)  # fmt: skip
+        self.req_kv_computed = Histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            tok,
+        )
+        self.iteration = Histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                   ITERATION_TOKENS_BUCKETS)  # fmt: skip
+        self.req_preemptions = Histogram("vllm:request_num_preemptions",
+                                         "Histogram of the number of times a request was preempted.",
+                                         REQUEST_NUM_PREEMPTIONS_BUCKETS)  # fmt: skip
 
     def histograms(self) -> tuple[Histogram, ...]:
         """All histograms in exposition order."""
-        return (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.inference, self.prefill, self.decode)
+        return (self.req_prompt, self.req_gen, self.iteration, self.req_max_tokens, self.ttft, self.itl, self.tpot,
+                self.e2e, self.queue, self.inference, self.prefill, self.decode, self.req_preemptions,
+                self.req_kv_computed)  # fmt: skip
 
     def render(self, sched: Scheduler, *, spec_enabled: bool, cache_info: dict[str, str]) -> str:
         """Prometheus text as vLLM 0.32 exposes it: counters as `<name>_total` families with `_created` gauges."""
