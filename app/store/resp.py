@@ -173,9 +173,14 @@ class _Conn(asyncio.Protocol):
             return
         self.buf = b""
 
+    def eof_received(self) -> bool | None:
+        """The server closed its side: fail at once, before the transport gets to connection_lost."""
+        self.fail(RespConnectionError("connection closed by server"))
+        return None
+
     def connection_lost(self, exc: Exception | None) -> None:
         """Fail whatever is still waiting; the client reconnects on its next command."""
-        self.fail(RespConnectionError(f"connection lost: {exc or 'closed by server'}"))
+        self.fail(RespConnectionError(f"connection lost: {exc or 'closed'}"))
 
     # -- commands ----------------------------------------------------------------------------
     def send(self, payload: bytes) -> asyncio.Future[Any]:
@@ -187,9 +192,9 @@ class _Conn(asyncio.Protocol):
         deadline = self.loop.time() + self.timeout_s
         waiters = self.waiters
         waiters.append((fut, deadline))
-        if len(waiters) == 1:
+        if len(waiters) == 1 and not self.out:
             # Nothing in flight: write now (no extra loop iteration before the command leaves).
-            self.transport.write(payload)
+            self._write(payload)
         else:
             # Under load, commands sent in the same loop iteration leave in one write (one syscall).
             out = self.out
@@ -205,8 +210,15 @@ class _Conn(asyncio.Protocol):
         if self.closed or self.transport is None:
             out.clear()
             return
-        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        payload = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
+        self._write(payload)
+
+    def _write(self, payload: bytes) -> None:
+        try:
+            self.transport.write(payload)  # type: ignore[union-attr]  # set before any send
+        except (RuntimeError, OSError) as err:  # uvloop raises once its handle is closed
+            self.fail(RespConnectionError(f"write failed: {err}"))
 
     def _on_timer(self) -> None:
         self.timer = None

@@ -118,6 +118,20 @@ async def test_a_caller_cancelled_while_connecting_does_not_abort_the_connect_fo
         await c.aclose()
 
 
+async def test_an_idle_connection_the_server_closed_is_replaced_before_the_next_command(
+    client: RespClient, redis_url: str
+) -> None:
+    first_id = await client.execute(encode_command("CLIENT", "ID"))
+    admin = aioredis.from_url(redis_url)
+    try:
+        # The server closes our socket before it answers the admin, so the close is seen first.
+        assert await admin.execute_command("CLIENT", "KILL", "ID", first_id) == 1
+    finally:
+        await admin.aclose()
+    second_id = await client.execute(encode_command("CLIENT", "ID"))
+    assert second_id != first_id
+
+
 async def test_no_server_is_a_connection_error() -> None:
     c = RespClient(RespAddress(port=free_port()), 1.0)
     try:
