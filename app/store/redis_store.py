@@ -6,9 +6,10 @@ connection with prebuilt command framing, a fraction of redis-py's CPU per call.
 speak (TLS, extra options) or `fast_path=False` send the scripts through redis-py too.
 
 Keys live under `key_prefix`, a tenant's keys share the hash tag `{<tenant>}` so a Redis Cluster keeps
-them in one slot (each script touches one tenant only). Calls time out fast (`socket_timeout`, 0.25 s)
-and after a failure the store fails fast for `cooldown_s` instead of waiting on a dead server again;
-either way the caller gets StoreUnavailable and applies the configured fail mode.
+them in one slot (each script touches one tenant only). Calls time out fast (`socket_timeout`, 0.25 s:
+each redis-py read and connect, and each pipelined command from send to reply) and after a failure
+the store fails fast for `cooldown_s` instead of waiting on a dead server again; either way the
+caller gets StoreUnavailable and applies the configured fail mode.
 """
 
 from __future__ import annotations
