@@ -1,11 +1,13 @@
 """Issue 4: prompt normalization off vs on vs the no-volatile ceiling, side by side, through the gateway.
 
-Three arms, each run through one `kvgate serve` the script starts (one pool holding every upstream,
+Four arms, each run through one `kvgate serve` the script starts (one pool holding every upstream,
 `prefix_affinity`), each after POST /reset_prefix_cache on every upstream:
 
   off      the bench's `agent` workload (timestamp + ids on top of the system prompt, tools with shuffled key
            order), tenant normalize: off
-  on       the same requests, tenant normalize: on
+  on       the same requests, tenant normalize: on, its volatility memory cold (a new tenant)
+  on-warm  the same, after one request of an unmeasured session taught the tenant's memory (sent before the
+           cache reset): a tenant in steady state, e.g. one that ran in `observe` first
   ceiling  `agent-static` (no volatile header, tools byte-identical), tenant normalize: off. Off, so the
            ceiling measures the workload, not the gateway: it is what a cache-friendly client sends.
 
@@ -70,24 +72,32 @@ _SAMPLE_RX = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+|N
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: which workload, and the tenant's normalize mode."""
+    """One arm: which workload, the tenant's normalize mode, and whether its memory starts warm."""
 
     name: str
     workload: str
     normalize: str
+    warm: bool = False  # one request of an unmeasured session goes first (a tenant in steady state)
+    attempt: int = 0  # a rerun gets a fresh tenant, so its volatility memory starts as cold as the first
 
     @property
     def tenant(self) -> str:
         """The gateway tenant this arm runs as (its own cache_salt and volatility memory)."""
-        return f"eval-{self.name}"
+        return f"eval-{self.name}-{self.attempt}"
 
     @property
     def api_key(self) -> str:
         """The tenant's dev key."""
-        return f"sk-eval-{self.name}"
+        return f"sk-eval-{self.name}-{self.attempt}"
 
 
-ARMS = (Arm("off", "agent", "off"), Arm("on", "agent", "on"), Arm("ceiling", "agent-static", "off"))
+ARMS = (
+    Arm("off", "agent", "off"),
+    Arm("on", "agent", "on"),
+    Arm("on-warm", "agent", "on", warm=True),
+    Arm("ceiling", "agent-static", "off"),
+)
+MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -189,7 +199,8 @@ def gateway_config(target: Target, replicas: list[str]) -> dict[str, Any]:
             "price": {"gpu_hour_usd": GPU_HOUR_USD, "gpus": 1, "capacity_tokens_per_s": target.capacity_tokens_per_s},
         }},
         "tenants": [{"id": a.tenant, "api_keys": [a.api_key], "default_class": "interactive",
-                     "normalize": a.normalize} for a in ARMS],
+                     "normalize": a.normalize}
+                    for arm in ARMS for a in (replace(arm, attempt=k) for k in range(MAX_ATTEMPTS))],
         "auth": {"required": True},
         "upstream": {"read_timeout_s": 600},
     }
@@ -364,9 +375,11 @@ async def drive(base: str, target: Target, sessions: list[Session]) -> tuple[lis
     return records, time.perf_counter() - t0
 
 
-async def probe_header(http: aiohttp.ClientSession, base: str, arm: Arm, target: Target, seed: int) -> str:
-    """x-kvgate-normalized of one more request like the arm's first (sent after its counters were read)."""
-    s = make_sessions(arm, replace(target, sessions=1), seed)[0]
+async def send_one(
+    http: aiohttp.ClientSession, base: str, arm: Arm, target: Target, seed: int, index: int
+) -> str:
+    """Send the first turn of session `index` (max_tokens 1, not streamed); its x-kvgate-normalized header."""
+    s = make_sessions(arm, replace(target, sessions=index + 1), seed)[index]
     body = s.next_request(target.model, stream=False).body
     body["max_tokens"] = 1
     headers = {"Authorization": f"Bearer {arm.api_key}"}
@@ -394,6 +407,8 @@ async def run_arm(
     http: aiohttp.ClientSession, base: str, replicas: list[str], arm: Arm, target: Target, seed: int
 ) -> ArmResult:
     """Reset every upstream's prefix cache, replay the sessions, and read the counters around it."""
+    if arm.warm:  # before the reset: only the tenant's volatility memory keeps anything of it
+        await send_one(http, base, arm, target, seed, target.sessions)
     idle = await wait_idle(http, replicas)
     resets = await reset_prefix_caches(http, replicas)
     if not idle:
@@ -406,7 +421,7 @@ async def run_arm(
     await asyncio.sleep(0.5)  # let the engines' counters catch up with the last request
     after = await upstream_counters(http, replicas)
     moved1 = moved_by_rule(await scrape(http, base), arm.tenant)
-    header = await probe_header(http, base, arm, target, seed)
+    header = await send_one(http, base, arm, target, seed, 0)  # after the counters: a probe for the header
     spec = BenchSpec(base_url=base, workload=arm.workload, model=target.model, concurrency=target.concurrency,
                      requests=len(records), seed=seed, max_tokens=target.max_tokens,
                      pricing=Pricing(gpu_hour_usd=GPU_HOUR_USD, gpus=len(replicas)))
@@ -496,7 +511,7 @@ def _bodies(variant: str, sessions: int, turns: int, seed: int, order: list[tupl
     from app.context import Tenant
     from app.normalize import VolatilityMemory, normalize
 
-    arm = ARMS[2] if variant == "ceiling" else ARMS[0]
+    arm = ARMS[3] if variant == "ceiling" else ARMS[0]
     target = Target("offline", "m", sessions, turns, 16, 1)
     sess = make_sessions(arm, target, seed)
     memory = VolatilityMemory()
@@ -577,16 +592,17 @@ async def evaluate(
     results = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
         for arm in ARMS:
-            for attempt in range(1 + foreign_retries):
+            for attempt in range(min(1 + foreign_retries, MAX_ATTEMPTS)):
                 print(f"[{datetime.now(UTC):%H:%M:%S}] {target.name}: arm {arm.name} ...", file=sys.stderr)
-                r = await run_arm(http, base, replicas, arm, target, seed)
+                r = await run_arm(http, base, replicas, replace(arm, attempt=attempt), target, seed)
                 for note in r.resets:
                     print(f"    {note}", file=sys.stderr)
                 if r.foreign_queries == 0:
                     break
                 # Another client's prompts landed in our window: its hits and misses are in the counters.
                 print(f"    {r.foreign_queries:+,.0f} foreign prompt tokens in the window"
-                      + ("; running the arm again" if attempt < foreign_retries else "; kept (flagged)"),
+                      + ("; running the arm again" if attempt + 1 < min(1 + foreign_retries, MAX_ATTEMPTS)
+                         else "; kept (flagged)"),
                       file=sys.stderr)
             results.append(r)
     return results

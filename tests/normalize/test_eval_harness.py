@@ -61,7 +61,8 @@ def test_counters_sum_label_sets_and_moved_spans_filter_by_tenant() -> None:
 
 def test_sessions_are_identical_across_arms_but_the_ceiling_has_no_volatile_content() -> None:
     target = ev.Target("t", "m", sessions=3, max_turns=4, max_tokens=8, concurrency=1)
-    off, on, ceiling = (ev.make_sessions(arm, target, 0) for arm in ev.ARMS)
+    arms = {arm.name: arm for arm in ev.ARMS}
+    off, on, ceiling = (ev.make_sessions(arms[name], target, 0) for name in ("off", "on", "ceiling"))
     assert [s.user_turns for s in off] == [s.user_turns for s in on] == [s.user_turns for s in ceiling]
     first_off = off[0].next_request("m", stream=True).body
     first_ceiling = ceiling[0].next_request("m", stream=True).body
