@@ -64,13 +64,19 @@ class RedisStore:
         max_connections: int = 512,
         fast_path: bool = True,
     ) -> None:
-        # No client-side retries: a retry loop is what stalls requests while Redis is down.
+        # One retry, on connection errors only: after a Redis restart every idle pooled connection is
+        # stale and redis-py fails the first command on each (it does not notice the close), which
+        # would put the whole store, hot path included, into its cool-off. The cold commands are reads
+        # or idempotent (spend dedupes by record id); with fast_path off the admit script goes this way
+        # too, and a connection error there means the server closed or is gone, so a retry either runs
+        # it once on a fresh connection or cannot connect. Timeouts are not retried: a slow server
+        # must stay a fast failure.
         self._r: aioredis.Redis = aioredis.from_url(
             url,
             decode_responses=True,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
-            retry=Retry(NoBackoff(), 0),
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             max_connections=max_connections,
         )
         self._p = key_prefix

@@ -95,6 +95,24 @@ async def test_store_recovers_after_a_redis_restart(own_redis: RedisServer) -> N
         await store.aclose()
 
 
+async def test_pooled_connections_left_stale_by_a_restart_do_not_put_the_store_into_cool_off(
+    own_redis: RedisServer,
+) -> None:
+    store = loose_redis_store(own_redis.url, "p:", cooldown_s=30)
+    try:
+        await asyncio.gather(*(store.tenant_keys(f"t{i}") for i in range(4)))  # several pooled connections
+        await store.admit("acme", LimitSpec(rpm=5), 1, "l1", MONTH, False)
+        own_redis.stop()
+        own_redis.start()
+        # Any failure here would start a 30 s cool-off and fail everything after it.
+        await asyncio.gather(*(store.tenant_keys(f"t{i}") for i in range(4)))
+        await store.record_spend([SpendRecord("s", "acme", "2026-11-29", "fast", 4)])
+        assert await store.month_spend_micros("acme", MONTH) == 4
+        assert (await store.admit("acme", LimitSpec(rpm=5), 1, "l2", MONTH, False)).admitted
+    finally:
+        await store.aclose()
+
+
 async def test_scripts_flushed_from_the_server_run_again_without_an_error(own_redis: RedisServer) -> None:
     store = loose_redis_store(own_redis.url, "f:")
     admin = aioredis.from_url(own_redis.url)
