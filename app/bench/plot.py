@@ -29,8 +29,11 @@ def plot_sweep(results: Sequence[BenchResult], out: str | Path) -> Path:
             ax.plot(xs, [float("nan") if y is None else y for y in ys], style, label=f"{name} {pct}")
         ax.set_ylabel(f"{name} (ms)")
     axes[2].plot(xs, [r.summary.output_tokens_per_s for r in results], "o-", label="output tokens/s")
-    axes[2].plot(xs, [r.summary.requests_per_s for r in results], "^:", label="requests/s")
-    axes[2].set_ylabel("throughput")
+    axes[2].set_ylabel("output tokens/s")
+    rps = axes[2].twinx()  # requests/s is orders of magnitude below tokens/s: its own axis
+    rps.plot(xs, [r.summary.requests_per_s for r in results], "^:", color="tab:orange", label="requests/s")
+    rps.set_ylabel("requests/s")
+    rps.legend(loc="lower right")
     for ax in axes:
         ax.set_xlabel("concurrency")
         if len(set(xs)) > 1 and min(xs) > 0:

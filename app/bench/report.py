@@ -148,12 +148,17 @@ def summarize(records: Sequence[RequestRecord], wall_s: float, spec: BenchSpec) 
     or with warm-up over the steady window (see `steady_window`)."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
-    window = steady_window(records) or _whole_run(ok, wall_s)
+    whole = _whole_run(ok, wall_s)
+    window = steady_window(records) or whole
     span = window.span_s
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     output = sum(r.output_tokens for r in ok)
     requests_per_s = window.completed / span
+    if window is not whole and output and window.output_tokens:
+        # Completions bunch up at a wave's end, right where the window closes; the token rate over the mean
+        # output length is the steady request rate without that boundary effect.
+        requests_per_s = window.output_tokens / span / (output / len(ok))
     goodput: float | None = None
     goodput_ratio: float | None = None
     if spec.slo_ttft_ms is not None or spec.slo_tpot_ms is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
@@ -73,4 +74,5 @@ def render_table(results: Sequence[BenchResult]) -> Table:
 
 def print_table(results: Sequence[BenchResult], console: Console | None = None) -> None:
     """Print the table to the terminal (stdout unless another console is given)."""
-    (console or Console()).print(render_table(results))
+    # Piped output gets a wide fixed width: rich's 80-column default would wrap a sweep's columns.
+    (console or Console(width=None if sys.stdout.isatty() else 200)).print(render_table(results))

@@ -174,6 +174,9 @@ def test_steady_window_covers_a_whole_wave_when_requests_start_together() -> Non
     assert w.span_s == pytest.approx(4.0)  # the second wave, from its start to its end
     assert w.output_tokens == pytest.approx(2 + 8)  # wave 1's last tokens at 4.0 fall inside too
     assert w.completed == 4
+    s = summarize(wave1 + wave2, wall_s=99.0, spec=BenchSpec(base_url="http://x"))
+    # Request rate = token rate / mean output length (completions bunch at the window's edge).
+    assert s.requests_per_s == pytest.approx((10 / 4.0) / 4)
 
 
 def test_no_warmup_means_throughput_over_the_whole_run() -> None:
