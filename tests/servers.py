@@ -30,7 +30,8 @@ def free_port() -> int:
 def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
     """Run an ASGI app with uvicorn on a loopback port in a thread; yield its base URL."""
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on", loop="asyncio")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on", loop="asyncio",
+                            timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
