@@ -9,11 +9,14 @@ vLLM-CPU `bulk` server of scripts/vllm-cpu.sh), one after the other at each conc
   bench's mean (the chat template's own tokens are measured with the model's tokenizer and subtracted), and
   `output_tokens=T` (GuideLLM then sends `ignore_eos` and `max_completion_tokens=T` itself).
 
-It compares mean and median TTFT and output throughput (output tokens / wall time of the run) and prints a
-table with the relative difference against the bench. GuideLLM comes from its own venv
+The tools alternate in ABBA order at each point (--repeats runs each, averaged), and every run reads vLLM's
+own generated-token counter before and after, so tokens generated for someone else during a run (the
+server is shared) are shown instead of silently skewing the comparison. It compares mean and median TTFT
+and output throughput (output tokens / wall time of the run) and prints a table with the relative
+difference against the bench. GuideLLM comes from its own venv
 (`scripts/peer-venvs.sh guidellm`). Keep it light: the server is shared.
 
-    .venv/bin/python bench/guidellm_crosscheck.py [--concurrency 1,4] [--requests 12,24] [--output-tokens 64]
+    .venv/bin/python bench/guidellm_crosscheck.py [--concurrency 1,4] [--requests 10,20] [--output-tokens 64]
 """
 
 from __future__ import annotations
@@ -60,6 +63,25 @@ class Point:
     ttft_mean_ms: float
     ttft_p50_ms: float
     output_tok_s: float
+    foreign_tokens: float = 0.0  # tokens the server generated during the run for someone else
+
+
+def generated_tokens(base_url: str) -> float:
+    """vLLM's own counter of generated tokens (all requests, anyone's)."""
+    text = urllib.request.urlopen(base_url + "/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+def mean_point(points: list[Point]) -> Point:
+    """Field-wise mean of repeated runs of one tool at one concurrency."""
+    n = len(points)
+    return Point(requests=sum(p.requests for p in points),
+                 prompt_tokens_mean=sum(p.prompt_tokens_mean for p in points) / n,
+                 ttft_mean_ms=sum(p.ttft_mean_ms for p in points) / n,
+                 ttft_p50_ms=sum(p.ttft_p50_ms for p in points) / n,
+                 output_tok_s=sum(p.output_tok_s for p in points) / n,
+                 foreign_tokens=sum(p.foreign_tokens for p in points))
 
 
 def run(cmd: list[str], log: Path, timeout: float) -> None:
@@ -80,13 +102,13 @@ def warm(base_url: str, model: str) -> None:
     urllib.request.urlopen(req, timeout=120).read()
 
 
-def kvgate_bench(args: argparse.Namespace, concurrency: int, requests: int, tmp: Path) -> Point:
+def kvgate_bench(args: argparse.Namespace, concurrency: int, requests: int, tmp: Path, tag: str) -> Point:
     """`kvgate bench` with the chat workload and exactly `--output-tokens` decoded per request."""
-    out = tmp / f"kvgate-c{concurrency}.json"
+    out = tmp / f"kvgate-c{concurrency}-{tag}.json"
     run([str(KVGATE), "bench", "--base-url", args.base_url, "--model", args.model, "--workload", "chat",
          "--concurrency", str(concurrency), "--requests", str(requests), "--max-tokens", str(args.output_tokens),
          "--extra-body", json.dumps({"ignore_eos": True}), "--seed", str(args.seed), "--json", str(out),
-         "--json-summary-only", "--quiet"], tmp / f"kvgate-c{concurrency}.log", timeout=args.timeout)
+         "--json-summary-only", "--quiet"], tmp / f"kvgate-c{concurrency}-{tag}.log", timeout=args.timeout)
     doc = json.loads(out.read_text())
     s = doc["summary"]
     return Point(requests=s["ok"], prompt_tokens_mean=s["prompt_tokens"] / max(s["ok"], 1),
@@ -101,9 +123,10 @@ def template_overhead(tokenizer: str) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def guidellm(args: argparse.Namespace, concurrency: int, requests: int, prompt_tokens: int, tmp: Path) -> Point:
+def guidellm(args: argparse.Namespace, concurrency: int, requests: int, prompt_tokens: int, tmp: Path,
+             tag: str) -> Point:
     """GuideLLM with synthetic prompts of `prompt_tokens` and `--output-tokens` outputs."""
-    out = tmp / f"guidellm-c{concurrency}.json"
+    out = tmp / f"guidellm-c{concurrency}-{tag}.json"
     profile = "kind=synchronous" if concurrency == 1 else f"kind=concurrent,streams={concurrency}"
     run([str(GUIDELLM_VENV / "bin/guidellm"), "run",
          "--backend", f"kind=openai_http,target={args.base_url},model={args.model},"
@@ -111,9 +134,9 @@ def guidellm(args: argparse.Namespace, concurrency: int, requests: int, prompt_t
          "--profile", profile, "--constraint", f"kind=max_requests,count={requests}",
          "--tokenizer", f"kind=hf_auto,model={args.tokenizer}",
          "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={args.output_tokens}",
-         "--seed", f"kind=static,seed={args.seed}",
+         "--seed", f"kind=static,value={args.seed}",
          "--output", f"kind=json,path={out}", "--disable-progress"],
-        tmp / f"guidellm-c{concurrency}.log", timeout=args.timeout)
+        tmp / f"guidellm-c{concurrency}-{tag}.log", timeout=args.timeout)
     bench = json.loads(out.read_text())["benchmarks"][0]
     m = bench["metrics"]
     ttft = m["time_to_first_token_ms"]["successful"]
@@ -131,6 +154,8 @@ def table(rows: list[tuple[int, Point, Point]], tolerance: float) -> str:
     for c, k, g in rows:
         lines.append(f"| {c} | requests / mean prompt tokens | {k.requests} / {k.prompt_tokens_mean:.1f} | "
                      f"{g.requests} / {g.prompt_tokens_mean:.1f} | - | - |")
+        lines.append(f"| {c} | others' tokens generated during the runs | {k.foreign_tokens:.0f} | "
+                     f"{g.foreign_tokens:.0f} | - | - |")
         for label, a, b in (("TTFT mean, ms", k.ttft_mean_ms, g.ttft_mean_ms),
                             ("TTFT p50, ms", k.ttft_p50_ms, g.ttft_p50_ms),
                             ("output tok/s", k.output_tok_s, g.output_tok_s)):
@@ -147,9 +172,10 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokenizer", default=str(CACHE / "models/smollm2-135m"), help="local tokenizer folder")
     ap.add_argument("--concurrency", default="1,4")
-    ap.add_argument("--requests", default="12,24", help="requests per point (one value, or one per point)")
+    ap.add_argument("--requests", default="10,20", help="requests per run (one value, or one per point)")
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2, help="runs per tool and point (ABBA order)")
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--timeout", type=float, default=600, help="per tool run, s")
     ap.add_argument("--out-dir", type=Path, help="keep both tools' JSON and logs here")
@@ -165,15 +191,24 @@ def main() -> int:
     overhead = template_overhead(args.tokenizer)
     rows: list[tuple[int, Point, Point]] = []
     for c, n in zip(points, counts, strict=True):
-        warm(args.base_url, args.model)
-        k = kvgate_bench(args, c, n, tmp)
-        prompt = max(1, round(k.prompt_tokens_mean) - overhead)
-        print(f"  kvgate bench c={c}: {k}\n  GuideLLM prompt_tokens={prompt} (bench mean {k.prompt_tokens_mean:.1f} "
-              f"- template {overhead})", flush=True)
-        warm(args.base_url, args.model)
-        g = guidellm(args, c, n, prompt, tmp)
-        print(f"  GuideLLM c={c}: {g}", flush=True)
-        rows.append((c, k, g))
+        runs: dict[str, list[Point]] = {"kvgate": [], "guidellm": []}
+        prompt = 0
+        # ABBA: bench, GuideLLM, GuideLLM, bench (x --repeats/2), so a drift in the shared server's speed
+        # during the point hits both tools alike.
+        order = (["kvgate", "guidellm", "guidellm", "kvgate"] * args.repeats)[: 2 * max(1, args.repeats)]
+        for i, tool in enumerate(order):
+            warm(args.base_url, args.model)
+            before = generated_tokens(args.base_url)
+            if tool == "kvgate":
+                point = kvgate_bench(args, c, n, tmp, str(i))
+                prompt = prompt or max(1, round(point.prompt_tokens_mean) - overhead)
+            else:
+                point = guidellm(args, c, n, prompt, tmp, str(i))
+            point.foreign_tokens = generated_tokens(args.base_url) - before - point.requests * args.output_tokens
+            runs[tool].append(point)
+            print(f"  {tool} c={c} run {i}: {point}" + (f"\n  (GuideLLM prompt_tokens={prompt}: bench mean "
+                  f"- {overhead} template tokens)" if i == 0 else ""), flush=True)
+        rows.append((c, mean_point(runs["kvgate"]), mean_point(runs["guidellm"])))
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"\n{stamp}; {args.base_url} model {args.model}; {args.output_tokens} output tokens per request "
           f"(ignore_eos); files in {tmp}\n")

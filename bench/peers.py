@@ -217,9 +217,9 @@ class Bench:
         return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
 
 
-def start_proxies(args: argparse.Namespace, upstream: Proc, tmp: Path) -> dict[str, Proc]:
-    """The pass-through, the kvgate variants and LiteLLM, each pinned to PROXY_CORE."""
-    procs: dict[str, Proc] = {}
+def start_proxies(args: argparse.Namespace, upstream: Proc, tmp: Path, procs: dict[str, Proc]) -> None:
+    """The pass-through, the kvgate variants and LiteLLM, each pinned to PROXY_CORE, added to `procs` as they
+    start (so the caller can stop those already running when a later one fails)."""
     port = free_port()
     procs["passthrough"] = start_server([PY, str(ROOT / "bench/passthrough.py"), str(port), upstream.url], port,
                                         PROXY_CORE, tmp / "passthrough.log")
@@ -240,7 +240,6 @@ def start_proxies(args: argparse.Namespace, upstream: Proc, tmp: Path) -> dict[s
         procs["litellm"] = start_server([str(exe), "--config", str(path), "--host", "127.0.0.1", "--port", str(port),
                                          "--num_workers", "1"], port, PROXY_CORE, tmp / "litellm.log",
                                         env=litellm_env(), timeout=240)
-    return procs
 
 
 def table(bench: Bench, names: list[str], modes: list[str]) -> str:
@@ -292,7 +291,7 @@ def main() -> int:
     bench = Bench(args, upstream, tmp)
     modes = args.modes.split(",")
     try:
-        procs = start_proxies(args, upstream, tmp)
+        start_proxies(args, upstream, tmp, procs)
         print(f"loader {args.loader}; proxies on core {PROXY_CORE}, upstream + load on core {LOAD_CORE}", flush=True)
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", flush=True)
