@@ -227,7 +227,10 @@ class Workload:
 
     def session(self, index: int) -> Session:
         """Session number `index` (fresh, nothing sent yet)."""
-        rng = random.Random(f"{self.name}-{self.options.seed}-{index}")
+        # agent-static draws exactly agent's sessions (same turns, same counts), minus the volatile content,
+        # so the ceiling arm replays the same conversation.
+        family = "agent" if self.name == "agent-static" else self.name
+        rng = random.Random(f"{family}-{self.options.seed}-{index}")
         return self._make(index, rng)
 
     def _tenant(self, index: int) -> int:
