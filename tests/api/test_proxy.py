@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.conftest import PUBLIC_MODEL, gateway_config
-from tests.servers import FakeUpstream, free_port
+from tests.servers import free_port
 
 
 def client(base: str, **kw: object) -> openai.OpenAI:
