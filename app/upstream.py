@@ -151,6 +151,14 @@ async def read_complete(
     return UpstreamReply(resp.status, body, content_type)
 
 
+def _plain_token_chunk(event: bytes) -> bool:
+    """A mid-stream token chunk carries nothing to account for: no usage, finish reason or error.
+
+    Checked on the bytes (vLLM writes compact JSON) so most chunks are relayed without being parsed.
+    """
+    return b'"usage":{' not in event and b'"finish_reason":"' not in event and b'"error"' not in event
+
+
 def sse_error_event(message: str, type: str, code: str) -> bytes:
     """An SSE event carrying OpenAI's error envelope, as OpenAI ends a stream that failed."""
     return b"data: " + error_body(message, type, None, code) + b"\n\n"
@@ -181,6 +189,8 @@ class StreamRelay:
             return None  # emitted by the caller after the trailer
         if not event.startswith(b"data:"):
             return event
+        if ctx.timing.first_token and _plain_token_chunk(event):
+            return event.replace(self._served_marker, self._public_marker) if self._rewrite else event
         try:
             doc = orjson.loads(event[5:])
         except orjson.JSONDecodeError:
