@@ -25,6 +25,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -64,6 +65,7 @@ class Point:
     ttft_p50_ms: float
     output_tok_s: float
     foreign_tokens: float = 0.0  # tokens the server generated during the run for someone else
+    client_cpu_s: float = 0.0  # the tool's own CPU: on 2 cores a heavy client slows the server it measures
 
 
 def generated_tokens(base_url: str) -> float:
@@ -81,17 +83,21 @@ def mean_point(points: list[Point]) -> Point:
                  ttft_mean_ms=sum(p.ttft_mean_ms for p in points) / n,
                  ttft_p50_ms=sum(p.ttft_p50_ms for p in points) / n,
                  output_tok_s=sum(p.output_tok_s for p in points) / n,
-                 foreign_tokens=sum(p.foreign_tokens for p in points))
+                 foreign_tokens=sum(p.foreign_tokens for p in points),
+                 client_cpu_s=sum(p.client_cpu_s for p in points) / n)
 
 
-def run(cmd: list[str], log: Path, timeout: float) -> None:
-    """Run a command, output to `log`; raise with the log's tail if it fails."""
+def run(cmd: list[str], log: Path, timeout: float) -> float:
+    """Run a command, output to `log`; returns its CPU seconds; raises with the log's tail if it fails."""
     print("$ " + shlex.join(cmd), flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
                               env={**os.environ, **OFFLINE})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         raise SystemExit(f"failed ({proc.returncode}): {log.read_text()[-3000:]}")
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def warm(base_url: str, model: str) -> None:
@@ -105,7 +111,7 @@ def warm(base_url: str, model: str) -> None:
 def kvgate_bench(args: argparse.Namespace, concurrency: int, requests: int, tmp: Path, tag: str) -> Point:
     """`kvgate bench` with the chat workload and exactly `--output-tokens` decoded per request."""
     out = tmp / f"kvgate-c{concurrency}-{tag}.json"
-    run([str(KVGATE), "bench", "--base-url", args.base_url, "--model", args.model, "--workload", "chat",
+    cpu = run([str(KVGATE), "bench", "--base-url", args.base_url, "--model", args.model, "--workload", "chat",
          "--concurrency", str(concurrency), "--requests", str(requests), "--max-tokens", str(args.output_tokens),
          "--extra-body", json.dumps({"ignore_eos": True}), "--seed", str(args.seed), "--json", str(out),
          "--json-summary-only", "--quiet"], tmp / f"kvgate-c{concurrency}-{tag}.log", timeout=args.timeout)
@@ -113,7 +119,7 @@ def kvgate_bench(args: argparse.Namespace, concurrency: int, requests: int, tmp:
     s = doc["summary"]
     return Point(requests=s["ok"], prompt_tokens_mean=s["prompt_tokens"] / max(s["ok"], 1),
                  ttft_mean_ms=s["ttft_ms"]["mean"], ttft_p50_ms=s["ttft_ms"]["p50"],
-                 output_tok_s=s["output_tokens_per_s"])
+                 output_tok_s=s["output_tokens_per_s"], client_cpu_s=cpu)
 
 
 def template_overhead(tokenizer: str) -> int:
@@ -128,7 +134,7 @@ def guidellm(args: argparse.Namespace, concurrency: int, requests: int, prompt_t
     """GuideLLM with synthetic prompts of `prompt_tokens` and `--output-tokens` outputs."""
     out = tmp / f"guidellm-c{concurrency}-{tag}.json"
     profile = "kind=synchronous" if concurrency == 1 else f"kind=concurrent,streams={concurrency}"
-    run([str(GUIDELLM_VENV / "bin/guidellm"), "run",
+    cpu = run([str(GUIDELLM_VENV / "bin/guidellm"), "run",
          "--backend", f"kind=openai_http,target={args.base_url},model={args.model},"
                       "request_format=/v1/chat/completions",
          "--profile", profile, "--constraint", f"kind=max_requests,count={requests}",
@@ -144,7 +150,7 @@ def guidellm(args: argparse.Namespace, concurrency: int, requests: int, prompt_t
     return Point(requests=int(output["count"]),
                  prompt_tokens_mean=m["prompt_token_count"]["successful"]["mean"],
                  ttft_mean_ms=ttft["mean"], ttft_p50_ms=ttft["median"],
-                 output_tok_s=output["total_sum"] / bench["duration"])
+                 output_tok_s=output["total_sum"] / bench["duration"], client_cpu_s=cpu)
 
 
 def table(rows: list[tuple[int, Point, Point]], tolerance: float) -> str:
@@ -156,6 +162,8 @@ def table(rows: list[tuple[int, Point, Point]], tolerance: float) -> str:
                      f"{g.requests} / {g.prompt_tokens_mean:.1f} | - | - |")
         lines.append(f"| {c} | others' tokens generated during the runs | {k.foreign_tokens:.0f} | "
                      f"{g.foreign_tokens:.0f} | - | - |")
+        lines.append(f"| {c} | client CPU per run, s (incl. start-up) | {k.client_cpu_s:.1f} | "
+                     f"{g.client_cpu_s:.1f} | - | - |")
         for label, a, b in (("TTFT mean, ms", k.ttft_mean_ms, g.ttft_mean_ms),
                             ("TTFT p50, ms", k.ttft_p50_ms, g.ttft_p50_ms),
                             ("output tok/s", k.output_tok_s, g.output_tok_s)):
