@@ -12,31 +12,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import orjson
 import yaml
+from procs import Proc, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TICKS = os.sysconf("SC_CLK_TCK")
 MODES = {"non-stream": (False, 16), "stream-16": (True, 16), "stream-128": (True, 128)}
-
-
-def free_port() -> int:
-    """A free loopback port."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -70,41 +59,9 @@ def gateway_config(upstream: str, variant: str) -> dict[str, object]:
     return cfg
 
 
-@dataclass
-class Proc:
-    """A started server process."""
-
-    popen: subprocess.Popen[bytes]
-    url: str
-
-    def stop(self) -> None:
-        """Terminate it."""
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-
-
 def start(cmd: list[str], port: int, core: str) -> Proc:
-    """Start a server pinned to `core` and wait until it answers."""
-    popen = subprocess.Popen(["taskset", "-c", core, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    import urllib.error
-    import urllib.request
-
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            return Proc(popen, url)
-        except urllib.error.HTTPError:
-            return Proc(popen, url)  # answering at all is enough: the pass-through has no /health
-        except OSError as err:
-            if popen.poll() is not None:
-                raise RuntimeError(f"{cmd} exited: {popen.stderr.read().decode() if popen.stderr else ''}") from err
-            time.sleep(0.1)
-    raise RuntimeError(f"{cmd} did not start")
+    """Start a server pinned to `core` and wait until it answers at all (the pass-through has no /health)."""
+    return Proc(cmd[0], f"http://127.0.0.1:{port}", ["taskset", "-c", core, *cmd]).start(any_status=True)
 
 
 async def load(url: str, stream: bool, tokens: int, concurrency: int, seconds: float,
@@ -146,11 +103,11 @@ def measure(proc: Proc | None, target: str, mode: str, args: argparse.Namespace,
     """CPU-ms/request and req/s at concurrency N, and p50 latency at concurrency 1."""
     stream, tokens = MODES[mode]
     asyncio.run(load(target, stream, tokens, 4, 1.0, key))  # warm-up
-    before = cpu_seconds(proc.popen.pid) if proc else 0.0
+    before = cpu_seconds(proc.pid) if proc else 0.0
     t0 = time.perf_counter()
     n, _, errors = asyncio.run(load(target, stream, tokens, args.concurrency, args.seconds, key))
     elapsed = time.perf_counter() - t0
-    cpu = (cpu_seconds(proc.popen.pid) - before) if proc else 0.0
+    cpu = (cpu_seconds(proc.pid) - before) if proc else 0.0
     _, lat1, _ = asyncio.run(load(target, stream, tokens, 1, args.seconds / 2, key))
     return {"cpu_ms": 1000 * cpu / max(n, 1), "rps": n / elapsed, "p50_ms": 1000 * p50(lat1), "errors": errors}
 
@@ -189,12 +146,12 @@ def main() -> int:
             for name, proc in procs.items():
                 if name == "passthrough":
                     continue
-                idle = rss_mb(proc.popen.pid)
+                idle = rss_mb(proc.pid)
                 done = 0
                 while done < args.rss_requests:
                     n, _, _ = asyncio.run(load(proc.url, False, 16, 32, 2.0, "sk-bench"))
                     done += n
-                print(f"RSS {name}: idle-after-bench {idle:.1f} MiB -> {rss_mb(proc.popen.pid):.1f} MiB "
+                print(f"RSS {name}: idle-after-bench {idle:.1f} MiB -> {rss_mb(proc.pid):.1f} MiB "
                       f"after {done} more requests")
     finally:
         for proc in procs.values():

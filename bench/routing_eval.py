@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import contextlib
 
-from routing_procs import (
+from procs import (
     MODEL,
     Counters,
     Proc,

@@ -39,7 +39,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from routing_procs import (
+from procs import (
     MODEL,
     ROOT,
     gateway_config,

@@ -1,7 +1,7 @@
-"""Real processes for the routing benchmarks: `kvgate sim` replicas, a `kvgate serve` gateway, /metrics scrapes.
+"""Real processes for the benchmarks: `kvgate sim` replicas, a `kvgate serve` gateway, proxies, /metrics scrapes.
 
-Shared by bench/routing_eval.py and bench/routing_faults.py (and the fault e2e test). Every process is started
-by us, on loopback, and stopped by its own pid.
+Shared by bench/overhead.py, bench/peers.py, bench/routing_eval.py and bench/routing_faults.py. Every process
+is started by us, on loopback, and stopped by its own pid.
 """
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Poll `url` until it answers 200 (or raise after `timeout_s`, or when `proc` died)."""
+def wait_http(
+    url: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None, *, any_status: bool = False
+) -> None:
+    """Poll `url` until it answers 200 (any status with `any_status`); raise after `timeout_s` or if `proc` died."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process for {url} exited with {proc.returncode}")
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            status = httpx.get(url, timeout=1.0).status_code
+            if status == 200 or any_status:
                 return
         except httpx.TransportError:
             pass
@@ -57,12 +60,19 @@ class Proc:
     argv: list[str]
     popen: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    env: dict[str, str] | None = None
 
-    def start(self, ready_path: str = "/health", timeout_s: float = 30.0) -> Proc:
-        """Start (or restart) the process and wait until `ready_path` answers 200."""
+    @property
+    def pid(self) -> int:
+        """The child's pid (taskset execs the command, so it is the command's pid too)."""
+        assert self.popen is not None
+        return self.popen.pid
+
+    def start(self, ready_path: str = "/health", timeout_s: float = 30.0, *, any_status: bool = False) -> Proc:
+        """Start (or restart) the process and wait until `ready_path` answers 200 (or anything, `any_status`)."""
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - lives with the child
-        self.popen = subprocess.Popen(self.argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        wait_http(self.url + ready_path, timeout_s, self.popen)
+        self.popen = subprocess.Popen(self.argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+        wait_http(self.url + ready_path, timeout_s, self.popen, any_status=any_status)
         return self
 
     def kill(self) -> None:
