@@ -192,7 +192,7 @@ class Limiter:
         now = datetime.now(UTC)
         try:
             result = await self._store.admit(
-                tenant_id, spec, tokens, admission.lease_id, now.strftime("%Y-%m"), degrade
+                tenant_id, spec, tokens, admission.lease_id, f"{now.year:04d}-{now.month:02d}", degrade
             )
         except StoreUnavailable:
             if self._fail_mode == "closed":
