@@ -35,8 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +42,8 @@ import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import MODES, PY, ROOT, TICKS, Proc, free_port, gateway_config, load, p50
+from overhead import MODES, PY, ROOT, TICKS, gateway_config, load, p50
+from procs import Proc, free_port
 
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache/kvgate"))
 LITELLM_VENV = CACHE / "litellm-venv"
@@ -86,25 +85,16 @@ def start_server(cmd: list[str], port: int, core: str, log: Path, env: dict[str,
                  timeout: float = 120.0) -> Proc:
     """Start a server pinned to `core` (env values of None unset a variable); ready once it answers HTTP at all."""
     full = {**os.environ, **(env or {})}
+    ready = "/health/liveliness" if "litellm" in cmd[0] else "/health"
     # Output goes to a file, not a pipe nobody reads: a chatty server would block on a full pipe.
-    with log.open("wb") as out:
-        popen = subprocess.Popen(["taskset", "-c", core, *cmd], stdout=out, stderr=subprocess.STDOUT,
-                                 env={k: v for k, v in full.items() if v is not None})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health/liveliness" if "litellm" in cmd[0] else url + "/health",
-                                   timeout=2)
-            return Proc(popen, url)
-        except urllib.error.HTTPError:
-            return Proc(popen, url)
-        except OSError as err:
-            if popen.poll() is not None:
-                raise RuntimeError(f"{cmd} exited: {log.read_text()[-3000:]}") from err
-            time.sleep(0.3)
-    popen.kill()
-    raise RuntimeError(f"{cmd} did not start in {timeout:.0f} s")
+    log.unlink(missing_ok=True)
+    proc = Proc(cmd[0], f"http://127.0.0.1:{port}", ["taskset", "-c", core, *cmd], log=log,
+                env={k: v for k, v in full.items() if v is not None})
+    try:
+        return proc.start(ready, timeout, any_status=True)
+    except RuntimeError as err:
+        proc.stop()
+        raise RuntimeError(f"{cmd} did not start: {log.read_text()[-3000:]}") from err
 
 
 def litellm_config(upstream: str) -> dict[str, object]:
@@ -180,14 +170,14 @@ class Bench:
     def one(self, url: str, mode: str, concurrency: int, seconds: float, proxy: Proc | None,
             loader: str | None = None) -> Run:
         """A run with CPU accounting of the proxy (core 0) and of the upstream + client (core 1)."""
-        p0 = tree_cpu_seconds(proxy.popen.pid) if proxy else 0.0
-        u0 = tree_cpu_seconds(self.upstream.popen.pid)
+        p0 = tree_cpu_seconds(proxy.pid) if proxy else 0.0
+        u0 = tree_cpu_seconds(self.upstream.pid)
         if (loader or self.args.loader) == "wrk":
             run = run_wrk(url, mode, concurrency, seconds, self.tmp)
         else:
             run = run_python(url, mode, concurrency, seconds)
-        run.proxy_cpu = (tree_cpu_seconds(proxy.popen.pid) - p0) if proxy else 0.0
-        run.side_cpu += tree_cpu_seconds(self.upstream.popen.pid) - u0
+        run.proxy_cpu = (tree_cpu_seconds(proxy.pid) - p0) if proxy else 0.0
+        run.side_cpu += tree_cpu_seconds(self.upstream.pid) - u0
         return run
 
     def measure(self, name: str, proxy: Proc | None, url: str, mode: str) -> None:
