@@ -74,12 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", nargs="?")
     check.set_defaults(func=_check_config)
 
+    helps = {"bench": "load-test an OpenAI-compatible URL: TTFT, TPOT, throughput, $/M tokens",
+             "sim": "emulate a vLLM server (batching, paged KV with prefix caching, speculative decoding)"}
     for name, module in (("bench", "app.bench.cli"), ("sim", "app.sim.cli")):
-        try:
-            configure, run = _delegate(module)
-        except ImportError:
-            continue
-        p = sub.add_parser(name, help=f"kvgate {name}")
+        configure, run = _delegate(module)
+        p = sub.add_parser(name, help=helps[name])
         configure(p)  # type: ignore[operator]
         p.set_defaults(func=run)
     return parser
