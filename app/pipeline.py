@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from app.config import GatewayConfig
+from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
 from app.errors import GatewayError
 from app.limits import Limiter
@@ -160,11 +160,10 @@ class Gateway:
         ctx.route_class = classify(ctx.body, ctx.headers, tenant, self.cfg.routing, preset=ctx.route_class)
         # pick + upstream
         key = routing_key(ctx.body, ctx.operation, ctx.cache_salt or tenant.id)
-        return await self._send(ctx, key)
+        return await self._send(ctx, model, key)
 
-    async def _send(self, ctx: RequestContext, key: int) -> Reply:
-        model = self.cfg.model(ctx.model)
-        assert model is not None and ctx.route_class is not None
+    async def _send(self, ctx: RequestContext, model: ModelConfig, key: int) -> Reply:
+        assert ctx.route_class is not None
         tried: set[str] = set()
         last: GatewayError | None = None
         for attempt in range(1, self.cfg.upstream.retries + 2):
