@@ -87,6 +87,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--max-tokens", type=_positive(int), default=None, help="override the workload's max_tokens")
     load.add_argument("--mixed-ratio", type=float, default=0.8, help="mixed: share of interactive sessions")
+    load.add_argument("--prompt-tokens", type=_positive(int), default=256,
+                      help="synthetic: prompt length in tokens (with --max-tokens and ignore_eos: fixed shapes)")
+    load.add_argument("--tokenizer", default=None,
+                      help="synthetic: tokenizer.json or a folder holding one, to size prompts exactly "
+                           "(default: ~4 characters per token)")
     load.add_argument("--class-header", default="x-kvgate-class", help="mixed: header carrying the class")
     load.add_argument("--tool-choice", choices=["none", "auto", "omit"], default="none",
                       help="agent: tool_choice to send (none works on engines without tool parsing; "
@@ -128,6 +133,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         warmup=max(args.warmup, 0),
         duration_s=args.duration, seed=args.seed, max_tokens=args.max_tokens, mixed_ratio=args.mixed_ratio,
         class_header=args.class_header, tool_choice=args.tool_choice, stream=not args.no_stream, timeout_s=args.timeout,
+        prompt_tokens=args.prompt_tokens, tokenizer=args.tokenizer,
         extra_body=args.extra_body, time_scale=args.time_scale, slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms, pricing=pricing,
         progress=not args.quiet and sys.stderr.isatty(),

@@ -101,7 +101,8 @@ async def run_bench(spec: BenchSpec) -> BenchResult:
     """Run one bench (one concurrency level or rate) and return every request's record plus the summary."""
     options = WorkloadOptions(seed=spec.seed, tenants=spec.tenants, api_keys=spec.api_keys, api_key=spec.api_key,
                               max_tokens=spec.max_tokens, mixed_ratio=spec.mixed_ratio,
-                              class_header=spec.class_header, tool_choice=spec.tool_choice)
+                              class_header=spec.class_header, tool_choice=spec.tool_choice,
+                              prompt_tokens=spec.prompt_tokens, tokenizer=spec.tokenizer)
     workload = Workload(spec.workload, options)
     connections = spec.concurrency if spec.rate is None else spec.max_inflight
     client = BenchClient(spec.base_url, connections + 4, spec.timeout_s)

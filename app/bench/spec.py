@@ -45,6 +45,8 @@ class BenchSpec:
     mixed_ratio: float = 0.8  # share of interactive sessions in the mixed workload
     class_header: str = "x-kvgate-class"
     tool_choice: str = "none"  # agent workloads: none | auto | omit
+    prompt_tokens: int = 256  # synthetic: prompt length in tokens
+    tokenizer: str | None = None  # synthetic: tokenizer.json (or its folder) that sizes prompts exactly
     stream: bool = True
     timeout_s: float = 300.0
     slo_ttft_ms: float | None = None

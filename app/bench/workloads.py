@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-WORKLOADS = ("chat", "agent", "agent-static", "bulk", "mixed")
+WORKLOADS = ("chat", "agent", "agent-static", "bulk", "mixed", "synthetic")
 
 _WORD_TEXT = (
     "account agent api audit batch billing branch buffer build cache call change check client cluster commit "
@@ -62,6 +62,34 @@ _TOOL_SPECS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
 
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
+def _token_counter(tokenizer: str | None) -> Callable[[str], int]:
+    """Counts tokens with a tokenizer.json (a file or the folder holding it), else by ~4 characters a token."""
+    if tokenizer is None:
+        return lambda text: max(1, round(len(text) / 4))
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def sized_prompt(rng: random.Random, tokens: int, count: Callable[[str], int]) -> str:
+    """Random words whose token count is `tokens` (or the nearest reachable count just above)."""
+    words = [rng.choice(_WORDS) for _ in range(tokens)]
+    # Words are about one token each; a few passes of correcting by the measured difference converge.
+    for _ in range(8):
+        diff = tokens - count(" ".join(words))
+        if diff == 0:
+            break
+        if diff > 0:
+            words.extend(rng.choice(_WORDS) for _ in range(max(1, diff // 2)))
+        else:
+            del words[max(1, len(words) + min(diff // 2, -1)):]
+    return " ".join(words)
 
 
 def _sentence(rng: random.Random) -> str:
@@ -195,6 +223,9 @@ class WorkloadOptions:
     # "none" works against an engine started without tool parsing (vLLM refuses "auto" then) and still puts
     # the tools into the prompt; "auto" is what a real agent sends; "omit" leaves the field out.
     tool_choice: str = "none"
+    # synthetic: prompts of exactly this many tokens (by `tokenizer`, else ~4 characters per token)
+    prompt_tokens: int = 256
+    tokenizer: str | None = None
 
     def tenant_count(self) -> int:
         """Tenants to spread sessions over: one per given key, else `tenants`."""
@@ -221,9 +252,10 @@ class Workload:
         self._tools = tool_definitions()
         makers: dict[str, Callable[[int, random.Random], Session]] = {
             "chat": self._chat, "agent": self._agent, "agent-static": self._agent, "bulk": self._bulk,
-            "mixed": self._mixed,
+            "mixed": self._mixed, "synthetic": self._synthetic,
         }
         self._make = makers[name]
+        self._count = _token_counter(options.tokenizer) if name == "synthetic" else None
 
     def session(self, index: int) -> Session:
         """Session number `index` (fresh, nothing sent yet)."""
@@ -265,6 +297,13 @@ class Workload:
         s = self._base(index, rng, "bulk", [prompt], 1024)
         s.extra_body = {"service_tier": "flex"}
         return s
+
+    def _synthetic(self, index: int, rng: random.Random) -> Session:
+        # Fixed-shape requests, as GuideLLM's synthetic data sends them: one turn of random words, no system
+        # prompt, a fresh prompt per session so nothing is cached.
+        assert self._count is not None
+        prompt = sized_prompt(rng, self.options.prompt_tokens, self._count)
+        return self._base(index, rng, "interactive", [prompt], 128)
 
     def _mixed(self, index: int, rng: random.Random) -> Session:
         interactive = rng.random() < self.options.mixed_ratio

@@ -140,3 +140,26 @@ def test_agent_tool_choice_defaults_to_none_and_can_be_auto_or_left_out() -> Non
 def test_unknown_workload_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown workload"):
         Workload("nope", WorkloadOptions())
+
+
+def test_synthetic_prompts_have_the_requested_token_count_by_the_estimate() -> None:
+    from app.bench.workloads import _token_counter
+
+    count = _token_counter(None)
+    w = Workload("synthetic", WorkloadOptions(prompt_tokens=200))
+    prompts = [w.session(i).user_turns[0] for i in range(10)]
+    assert all(abs(count(p) - 200) <= 2 for p in prompts)  # whole words: within a word of the target
+    assert len(set(prompts)) == 10  # fresh per session: nothing for a prefix cache to share
+
+
+def test_synthetic_prompts_are_exact_with_a_real_tokenizer(tmp_path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    w = Workload("synthetic", WorkloadOptions(prompt_tokens=77, tokenizer=str(tmp_path)))
+    session = w.session(3)
+    assert len(tok.encode(session.user_turns[0]).ids) == 77
+    assert session.system is None or session.system == ""
+    assert len(session.user_turns) == 1
