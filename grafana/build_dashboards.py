@@ -87,6 +87,15 @@ def q(level: float, metric: str, selector: str, by: str) -> str:
     return f"histogram_quantile({level}, sum by (le, {by}) (rate({metric}{{{selector}}}[{RI}])))"
 
 
+def p50_p99(metric: str, selector: str, by: str) -> tuple[Target, Target]:
+    """The p50 and p99 targets of one histogram, one line per `by` value."""
+    legend = "{{" + by + "}}"
+    return (
+        Target(q(0.5, metric, selector, by), f"p50 {legend}"),
+        Target(q(0.99, metric, selector, by), f"p99 {legend}"),
+    )
+
+
 def ratio(num: str, den: str, by: str) -> str:
     """sum by (by) of rate(num) / the same of rate(den)."""
     return f"sum by ({by}) (rate({num}[{RI}])) / sum by ({by}) (rate({den}[{RI}]))"
@@ -513,26 +522,14 @@ COST = Dashboard(
                 Panel(
                     "Upstream call duration by pool",
                     "timeseries",
-                    (
-                        Target(
-                            q(0.5, "gen_ai_client_operation_duration_seconds_bucket", GENAI, "kvgate_pool"),
-                            "p50 {{kvgate_pool}}",
-                        ),
-                        Target(
-                            q(0.99, "gen_ai_client_operation_duration_seconds_bucket", GENAI, "kvgate_pool"),
-                            "p99 {{kvgate_pool}}",
-                        ),
-                    ),
+                    p50_p99("gen_ai_client_operation_duration_seconds_bucket", GENAI, "kvgate_pool"),
                     unit="s",
                     description="Whole upstream call (gen_ai.client.operation.duration), p50 and p99.",
                 ),
                 Panel(
                     "Gateway overhead",
                     "timeseries",
-                    (
-                        Target(q(0.5, "gateway_overhead_seconds_bucket", P, "pool"), "p50 {{pool}}"),
-                        Target(q(0.99, "gateway_overhead_seconds_bucket", P, "pool"), "p99 {{pool}}"),
-                    ),
+                    p50_p99("gateway_overhead_seconds_bucket", P, "pool"),
                     unit="s",
                     description="Time the gateway itself adds per request (parse, limits, normalize, route, "
                     "settle), excluding the upstream.",
@@ -725,20 +722,14 @@ VLLM = Dashboard(
                 Panel(
                     "Time to first token",
                     "timeseries",
-                    (
-                        Target(q(0.5, "vllm:time_to_first_token_seconds_bucket", VP, "pool"), "p50 {{pool}}"),
-                        Target(q(0.99, "vllm:time_to_first_token_seconds_bucket", VP, "pool"), "p99 {{pool}}"),
-                    ),
+                    p50_p99("vllm:time_to_first_token_seconds_bucket", VP, "pool"),
                     unit="s",
                     description="Engine-side TTFT (queue + prefill), p50 and p99.",
                 ),
                 Panel(
                     "End-to-end request latency",
                     "timeseries",
-                    (
-                        Target(q(0.5, "vllm:e2e_request_latency_seconds_bucket", VP, "pool"), "p50 {{pool}}"),
-                        Target(q(0.99, "vllm:e2e_request_latency_seconds_bucket", VP, "pool"), "p99 {{pool}}"),
-                    ),
+                    p50_p99("vllm:e2e_request_latency_seconds_bucket", VP, "pool"),
                     unit="s",
                     description="Engine-side request latency, p50 and p99.",
                 ),
