@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Venvs for the peer tools the benchmarks compare against, kept outside the
 # checkout so their dependency trees never touch the project's own venv:
-#   litellm   LiteLLM proxy (bench/peers.py runs it as a third proxy)
-#   guidellm  vLLM's GuideLLM (bench/guidellm_crosscheck.py cross-checks `kvgate bench`)
+#   litellm   LiteLLM proxy (experiments/peers.py runs it as a third proxy)
+#   guidellm  vLLM's GuideLLM (experiments/guidellm_crosscheck.py cross-checks `kvgate bench`)
 # Every subcommand is idempotent: a marker records the pinned versions, so a
 # bumped pin rebuilds and an unchanged one returns at once.
 set -euo pipefail

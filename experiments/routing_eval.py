@@ -13,8 +13,8 @@ Same sims, same bench seed; /reset_prefix_cache on every sim between arms. Sims 
 clock X times real time); every latency and rate below is converted to the sims' modeled time, and the
 gateway's timers (probe interval, TTFT SLO) are scaled the same way, so routing sees what it would see at 1x.
 
-    .venv/bin/python bench/routing_eval.py pools
-    .venv/bin/python bench/routing_eval.py affinity
+    .venv/bin/python experiments/routing_eval.py pools
+    .venv/bin/python experiments/routing_eval.py affinity
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the prefix-cache hit ratio from each server's own counters (Δvllm:prefix_cache_
 bench's TTFT and throughput, and the sim/real ratios (goal: hit ratio within 5 points, TTFT and
 throughput within 30%).
 
-    .venv/bin/python bench/sim_fidelity.py --real http://127.0.0.1:8002 --workload agent-static \
+    .venv/bin/python experiments/sim_fidelity.py --real http://127.0.0.1:8002 --workload agent-static \
         --concurrency 4 --requests 24 --max-tokens 32
 
 The sim is started here with the real server's settings (SmolLM2 tokenizer.json, its chat template without

@@ -29,9 +29,9 @@ Targets:
   sim   four `kvgate sim --profile h100-8b` processes the script starts; their clock runs at
         --sim-time-scale, and every duration is converted back to modeled (H100) time.
 
-    .venv/bin/python bench/normalize_eval.py --offline         # both targets + decomposition (about 9 min)
-    .venv/bin/python bench/normalize_eval.py --target vllm --json /tmp/normalize-eval.json
-    .venv/bin/python bench/normalize_eval.py --target sim --sim-sessions 16 --quick
+    .venv/bin/python experiments/normalize_eval.py --offline         # both targets + decomposition (about 9 min)
+    .venv/bin/python experiments/normalize_eval.py --target vllm --json /tmp/normalize-eval.json
+    .venv/bin/python experiments/normalize_eval.py --target sim --sim-sessions 16 --quick
 """
 
 from __future__ import annotations

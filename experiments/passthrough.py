@@ -1,6 +1,6 @@
 """The baseline: a bare Starlette + aiohttp pass-through proxy (what any gateway costs at minimum).
 
-Run: python bench/passthrough.py PORT UPSTREAM_URL
+Run: python experiments/passthrough.py PORT UPSTREAM_URL
 """
 
 from __future__ import annotations

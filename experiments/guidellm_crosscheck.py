@@ -16,7 +16,7 @@ and output throughput (output tokens / wall time of the run) and prints a table 
 difference against the bench. GuideLLM comes from its own venv
 (`scripts/peer-venvs.sh guidellm`). Keep it light: the server is shared.
 
-    .venv/bin/python bench/guidellm_crosscheck.py [--concurrency 1,4] [--requests 10,20] [--output-tokens 64]
+    .venv/bin/python experiments/guidellm_crosscheck.py [--concurrency 1,4] [--requests 10,20] [--output-tokens 64]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ which includes the kernel's share of loopback TCP), the lowest CPU seen, CPU rat
 redis-py path and against memory, and the script calls Redis ran per request (from INFO
 commandstats, so "one round trip each" is measured on the server, not assumed).
 
-    .venv/bin/python bench/store_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--n 3000]
+    .venv/bin/python experiments/store_overhead.py [--redis-url redis://127.0.0.1:6379/0] [--n 3000]
         [--concurrency 32] [--rounds 3] [--loop uvloop|asyncio]
 Without --redis-url (or REDIS_URL) a throwaway redis-server is started on a free port.
 """

@@ -9,7 +9,7 @@ Variants: json copy (baseline: `json.loads(json.dumps(body))`), normalize off, o
 the steady state), on with 8 tools in shuffled key order, and on with a cold memory (first request of
 a tenant).
 
-    .venv/bin/python bench/normalize_micro.py [--requests 1000] [--runs 5]
+    .venv/bin/python experiments/normalize_micro.py [--requests 1000] [--runs 5]
 """
 
 from __future__ import annotations

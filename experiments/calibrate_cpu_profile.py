@@ -7,8 +7,8 @@ Measures, on one server:
 and, when --spec-url is given, the per-step cost of ngram speculation at batch 1 on that server.
 Prints the measurements, the fitted constants and, with --sim-url, the same measurements on a sim side by side.
 
-    .venv/bin/python bench/calibrate_cpu_profile.py --url http://127.0.0.1:8002 --spec-url http://127.0.0.1:8001
-    .venv/bin/python bench/calibrate_cpu_profile.py --url http://127.0.0.1:8002 \
+    .venv/bin/python experiments/calibrate_cpu_profile.py --url http://127.0.0.1:8002 --spec-url http://127.0.0.1:8001
+    .venv/bin/python experiments/calibrate_cpu_profile.py --url http://127.0.0.1:8002 \
         --sim-url http://127.0.0.1:9100     # kvgate sim --profile cpu-smollm2 --port 9100 ...
 
 Every run sends < 100 requests of <= 48 output tokens and stops after --budget-s seconds.

@@ -1,6 +1,6 @@
 """An instant OpenAI-compatible upstream for overhead benchmarks: canned answers, `max_tokens` chunks per stream.
 
-Run: python bench/instant_upstream.py PORT   (raw ASGI on uvicorn+httptools; no framework cost of its own)
+Run: python experiments/instant_upstream.py PORT   (raw ASGI on uvicorn+httptools; no framework cost of its own)
 """
 
 from __future__ import annotations

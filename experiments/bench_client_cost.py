@@ -5,7 +5,7 @@ A loopback OpenAI-compatible server (tests/bench/fake_openai.py) runs in a child
 time (user + system, from getrusage) is divided by the chunks it parsed. The baseline reads the same streams
 with `async for line in resp.content` (one await per SSE line) instead of splitting whole network reads.
 
-    .venv/bin/python bench/bench_client_cost.py                  # 512 streams x 200 tokens, both readers
+    .venv/bin/python experiments/bench_client_cost.py                  # 512 streams x 200 tokens, both readers
 
 Seen on this 2-core host under load 9-10: both readers ~27 µs of CPU per chunk (1.03x), the bench at 28% of
 one core while the Python fake server, at ~10k chunks/s, was the bottleneck. At that cost one core parses

@@ -13,8 +13,8 @@ One pool of two replicas behind a `kvgate serve` process (default policy, 2 retr
                  process group (pid from ~/.cache/kvgate/run/bulk.pid), restarted with `scripts/vllm-cpu.sh start`
                  (40-90 s), then a second short load shows it rejoins. Both servers are left running.
 
-    .venv/bin/python bench/routing_faults.py --target sim
-    .venv/bin/python bench/routing_faults.py --target vllm
+    .venv/bin/python experiments/routing_faults.py --target sim
+    .venv/bin/python experiments/routing_faults.py --target vllm
 """
 
 from __future__ import annotations

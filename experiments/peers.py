@@ -1,7 +1,7 @@
 """Gateway overhead against peers, side by side in one run: kvgate vs a bare pass-through vs LiteLLM proxy.
 
 Every proxy runs one worker pinned to core 0 (taskset) in front of the same instant upstream
-(bench/instant_upstream.py); the upstream and the load generator share core 1. Per proxy and mode
+(experiments/instant_upstream.py); the upstream and the load generator share core 1. Per proxy and mode
 (non-streaming, 16-chunk and 128-chunk streams) it measures, repeated --repeats times, median reported:
 
 - CPU ms per request: utime+stime of the proxy process and its children over a drained closed loop
@@ -14,11 +14,11 @@ Every proxy runs one worker pinned to core 0 (taskset) in front of the same inst
 - p50 latency at concurrency 1, minus the upstream's own p50 (direct, same client) = added p50.
 
 The load generator is `wrk` (C, one thread) when installed, so the client costs little of core 1;
-otherwise bench/overhead.py's aiohttp loop. LiteLLM comes from its own venv (scripts/peer-venvs.sh litellm).
+otherwise experiments/overhead.py's aiohttp loop. LiteLLM comes from its own venv (scripts/peer-venvs.sh litellm).
 
     scripts/peer-venvs.sh litellm
     apt-get install wrk   # optional, recommended: a C load generator
-    .venv/bin/python bench/peers.py [--seconds 6] [--concurrency 64] [--repeats 3] [--json samples.json]
+    .venv/bin/python experiments/peers.py [--seconds 6] [--concurrency 64] [--repeats 3] [--json samples.json]
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def start_proxies(args: argparse.Namespace, upstream: Proc, tmp: Path, procs: di
     """The pass-through, the kvgate variants and LiteLLM, each pinned to PROXY_CORE, added to `procs` as they
     start (so the caller can stop those already running when a later one fails)."""
     port = free_port()
-    procs["passthrough"] = start_server([PY, str(ROOT / "bench/passthrough.py"), str(port), upstream.url], port,
+    procs["passthrough"] = start_server([PY, str(ROOT / "experiments/passthrough.py"), str(port), upstream.url], port,
                                         PROXY_CORE, tmp / "passthrough.log")
     for variant in args.variants.split(","):
         port = free_port()
@@ -265,7 +265,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64, help="closed-loop concurrency for max req/s")
     ap.add_argument("--cpu-concurrency", type=int, default=8, help="concurrency of the drained CPU run")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--variants", default="kvgate-full,kvgate", help="kvgate variants (see bench/overhead.py)")
+    ap.add_argument("--variants", default="kvgate-full,kvgate", help="kvgate variants (see experiments/overhead.py)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--loader", choices=["wrk", "python"], default="wrk" if shutil.which("wrk") else "python")
@@ -275,7 +275,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kvgate-peers-"))
     os.sched_setaffinity(0, {int(LOAD_CORE)})  # the aiohttp loader runs in this process: keep it off core 0
     up_port = free_port()
-    upstream = start_server([PY, str(ROOT / "bench/instant_upstream.py"), str(up_port)], up_port, LOAD_CORE,
+    upstream = start_server([PY, str(ROOT / "experiments/instant_upstream.py"), str(up_port)], up_port, LOAD_CORE,
                             tmp / "upstream.log")
     procs: dict[str, Proc] = {}
     bench = Bench(args, upstream, tmp)

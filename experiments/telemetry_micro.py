@@ -11,7 +11,7 @@ Variants: a no-op Telemetry stand-in (loop and call overhead); the default (OTLP
 built); spans into a null exporter (span building cost alone); OTLP/HTTP to a loopback sink (batch span
 processor + periodic metric reader, protobuf encoding and HTTP included in the process column).
 
-    .venv/bin/python bench/telemetry_micro.py [--requests 1000] [--runs 7]
+    .venv/bin/python experiments/telemetry_micro.py [--requests 1000] [--runs 7]
 """
 
 from __future__ import annotations

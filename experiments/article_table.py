@@ -16,9 +16,9 @@ slower than real time (--time-scale < 1) so the host CPU keeps up with the model
 --time-scale` converts every duration back to modeled time. The sim's own lag counter
 (kvgate_sim_step_lateness_seconds) is reported per run: it is the time steps ran past their modeled end.
 
-    .venv/bin/python bench/article_table.py                      # print the tables (about 5 min on a busy 2-core host)
-    .venv/bin/python bench/article_table.py --write docs/article-table.md --json /tmp/article.json
-    .venv/bin/python bench/article_table.py --quick              # smaller runs, for a smoke test
+    .venv/bin/python experiments/article_table.py                # print the tables (about 5 min on a busy 2-core host)
+    .venv/bin/python experiments/article_table.py --write docs/article-table.md --json /tmp/article.json
+    .venv/bin/python experiments/article_table.py --quick        # smaller runs, for a smoke test
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ async def main_async(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]
     tables += (f"\nPrice: one GPU at ${GPU_HOUR_USD:.2f}/h; $/M output = GPU $/h / (3600 x output tok/s) x 1e6; "
                "the cloud reference charges $3.00 / $0.30 / $15.00 per M input / cached input / output tokens. "
                f"Times are the sim's modeled time (wall time x sim clock). "
-               f"Made by `bench/article_table.py` in {time.perf_counter() - started:.0f} s of wall time.\n")
+               f"Made by `experiments/article_table.py` in {time.perf_counter() - started:.0f} s of wall time.\n")
     return tables, everything
 
 
