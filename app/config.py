@@ -17,7 +17,7 @@ NormalizeMode = Literal["off", "observe", "on"]
 PolicyName = Literal["prefix_affinity", "round_robin", "least_load"]
 
 _URL_RE = re.compile(r"^https?://[^\s/:]+(:\d{1,5})?(/[^\s]*)?$")
-EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "config" / "local.yaml"
+EMBEDDED_CONFIG = Path(__file__).resolve().parent / "defaults" / "local.yaml"  # config/local.yaml links here
 
 
 def _check_url(url: str) -> str:
