@@ -2,16 +2,24 @@
 
 It runs the same arithmetic as the Redis scripts (integer leaky buckets, lease expiry, idempotent
 spend) so both stores answer alike; nothing here awaits, so each call is atomic on the event loop.
+
+Every structure costs O(1) amortized per request and stays bounded at any sustained rate: what
+Redis expires with a TTL (spend record ids, leases, spend rows) is kept in expiry order here and
+forgotten from the old end, never by scanning everything. What remains grows with the number of
+tenants and API keys, not with traffic (rate buckets: two per tenant; keys: as issued).
 """
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.store.base import (
     SPEND_DEDUPE_S,
+    SPEND_KEEP_S,
     AdmitResult,
     DayUsage,
     LimitReason,
@@ -22,6 +30,11 @@ from app.store.base import (
 )
 
 US = 1_000_000
+# Redis remembers a spend id for SPEND_DEDUPE_S at any rate; here that would be ~160 B per request
+# per 5 minutes of traffic. The cap keeps the full window up to 1,000 req/s sustained (~50 MB at
+# most); above that the oldest ids go first, so the window shrinks to cap / rate (70 s at 4,300
+# req/s). Nothing in-process replays spend that late: a MemoryStore write cannot time out.
+MAX_SPEND_IDS = 300_000
 
 
 @dataclass(slots=True)
@@ -35,16 +48,105 @@ def _drained(b: _Bucket, limit: int, now_us: int) -> int:
     return 0 if elapsed * limit >= b.level else b.level - elapsed * limit
 
 
+class RecentIds:
+    """Ids remembered for `ttl_us` after first sight (Redis `SET NX PX`), at most about `cap` of them.
+
+    Each id keeps its exact expiry; ids are also filed in arrival order in slots `slot_us` wide,
+    and a slot is dropped whole once its last expiry has passed, so forgetting an id is O(1)
+    amortized and nothing is ever scanned. Past `cap` the oldest slot goes early.
+    """
+
+    def __init__(self, ttl_us: int, cap: int, slot_us: int = 100_000) -> None:
+        self._ttl = ttl_us
+        self._cap = cap
+        self._slot_us = slot_us
+        # A slot never holds more than this, so evicting one for the cap forgets few recent ids.
+        self._slot_max = max(cap // 64, 1)
+        self._expiry: dict[str, int] = {}
+        self._slots: deque[tuple[int, list[str]]] = deque()  # (end µs: all expiries are below it, ids)
+        self._filed = 0  # ids in slots (a re-seen id is filed twice until its old slot goes)
+        self.visited = 0  # ids looked at while forgetting: the whole upkeep cost, for tests and stats
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    @property
+    def filed(self) -> int:
+        """Slot entries held (>= len: an id seen again after expiring is filed in two slots for a while)."""
+        return self._filed
+
+    def add(self, rid: str, now_us: int) -> bool:
+        """Remember `rid` and return True, or False if it is already remembered (expiry unchanged)."""
+        slots = self._slots
+        while slots and slots[0][0] <= now_us:
+            self._forget(slots.popleft())
+        exp = self._expiry.get(rid)
+        if exp is not None and exp > now_us:
+            return False
+        exp = now_us + self._ttl
+        self._expiry[rid] = exp
+        end = (exp // self._slot_us + 1) * self._slot_us
+        if slots and slots[-1][0] == end and len(slots[-1][1]) < self._slot_max:
+            slots[-1][1].append(rid)
+        else:
+            slots.append((end, [rid]))
+        self._filed += 1
+        while self._filed > self._cap:
+            self._forget(slots.popleft())
+        return True
+
+    def _forget(self, slot: tuple[int, list[str]]) -> None:
+        end, ids = slot
+        expiry = self._expiry
+        for rid in ids:
+            # An id seen again after expiring has a later expiry and is filed in a later slot: keep it.
+            if expiry.get(rid, end) < end:
+                del expiry[rid]
+        self._filed -= len(ids)
+        self.visited += len(ids)
+
+
+@dataclass(slots=True)
+class _Leases:
+    """One tenant's concurrency leases: id -> expiry, plus a min-heap on expiry to drop expired ones."""
+
+    expiry: dict[str, int] = field(default_factory=dict)
+    heap: list[tuple[int, str]] = field(default_factory=list)  # may hold released ids (skipped)
+
+    def take(self, lease_id: str, exp_us: int) -> None:
+        self.expiry[lease_id] = exp_us
+        heapq.heappush(self.heap, (exp_us, lease_id))
+
+    def release(self, lease_id: str) -> None:
+        if self.expiry.pop(lease_id, None) is not None and len(self.heap) > 2 * len(self.expiry) + 64:
+            # Released leases linger in the heap; rebuilding once they are the majority keeps it
+            # within ~2x the live leases for O(1) amortized per release.
+            self.heap = [(exp, lid) for lid, exp in self.expiry.items()]
+            heapq.heapify(self.heap)
+
+    def live(self, now_us: int) -> int:
+        """Drop leases expired at `now_us` (Redis: ZREMRANGEBYSCORE -inf now) and count the rest."""
+        heap, expiry = self.heap, self.expiry
+        while heap and heap[0][0] <= now_us:
+            exp, lid = heapq.heappop(heap)
+            if expiry.get(lid) == exp:
+                del expiry[lid]
+        return len(expiry)
+
+
 class MemoryStore:
     """A Store kept in this process (lost on restart; one replica only)."""
 
-    def __init__(self, clock_us: Callable[[], int] | None = None) -> None:
+    def __init__(self, clock_us: Callable[[], int] | None = None, *, max_spend_ids: int = MAX_SPEND_IDS) -> None:
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
         self._buckets: dict[tuple[str, str], _Bucket] = {}
-        self._leases: dict[str, dict[str, int]] = {}  # tenant -> lease id -> expiry µs
+        self._leases: dict[str, _Leases] = {}
         self._month: dict[tuple[str, str], int] = {}
         self._days: dict[tuple[str, str], dict[str, PoolUsage]] = {}
-        self._seen: dict[str, int] = {}  # spend record id -> expiry µs
+        # (tenant, month or day) -> last write µs, oldest write first: rows expire SPEND_KEEP_S after
+        # their last write, as the Redis keys do (PEXPIRE on every write).
+        self._written: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._seen = RecentIds(SPEND_DEDUPE_S * US, max_spend_ids)
         self._keys: dict[str, str] = {}
         self._tenant_keys: dict[str, set[str]] = {}
         self._revoked: set[str] = set()
@@ -58,13 +160,16 @@ class MemoryStore:
         window = int(limits.window_s * US)
         fail: LimitReason | None = None
         retry_us = 0
-        if limits.budget_micros is not None and self._month.get((tenant_id, month), 0) >= limits.budget_micros:
-            fail = "budget"
-        leases = self._leases.setdefault(tenant_id, {})
+        if limits.budget_micros is not None:
+            self._expire_rows(now)
+            if self._month.get((tenant_id, month), 0) >= limits.budget_micros:
+                fail = "budget"
+        leases: _Leases | None = None
         if limits.concurrent is not None:
-            for lid in [k for k, exp in leases.items() if exp <= now]:
-                del leases[lid]
-            if len(leases) >= limits.concurrent:
+            leases = self._leases.get(tenant_id)
+            if leases is None:
+                leases = self._leases[tenant_id] = _Leases()
+            if leases.live(now) >= limits.concurrent:
                 fail = fail or "concurrent"
                 retry_us = max(retry_us, US)
         staged: list[tuple[_Bucket, int]] = []
@@ -81,9 +186,9 @@ class MemoryStore:
         if fail is None:
             for b, new in staged:
                 b.level, b.last_us = new, now
-        take_lease = limits.concurrent is not None and (fail is None or force_lease)
-        if take_lease:
-            leases[lease_id] = now + int(limits.lease_s * US)
+        take_lease = leases is not None and (fail is None or force_lease)
+        if leases is not None and take_lease:
+            leases.take(lease_id, now + int(limits.lease_s * US))
         return AdmitResult(
             admitted=fail is None,
             reason=fail,
@@ -95,8 +200,8 @@ class MemoryStore:
     async def settle(self, release: Release | None, spend: SpendRecord | None) -> None:
         """Release the lease, reconcile TPM and record spend."""
         if release is not None:
-            if release.lease_id is not None:
-                self._leases.get(release.tenant_id, {}).pop(release.lease_id, None)
+            if release.lease_id is not None and (leases := self._leases.get(release.tenant_id)) is not None:
+                leases.release(release.lease_id)
             if release.tpm is not None and release.token_delta:
                 now = self._clock_us()
                 b = self._buckets.setdefault((release.tenant_id, "tpm"), _Bucket(last_us=now))
@@ -112,20 +217,54 @@ class MemoryStore:
 
     def _record(self, r: SpendRecord) -> None:
         now = self._clock_us()
-        if len(self._seen) > 100_000:
-            self._seen = {k: exp for k, exp in self._seen.items() if exp > now}
-        if self._seen.get(r.id, 0) > now:
-            return
-        self._seen[r.id] = now + SPEND_DEDUPE_S * US
-        self._month[(r.tenant_id, r.month)] = self._month.get((r.tenant_id, r.month), 0) + r.usd_micros
-        row = self._days.setdefault((r.tenant_id, r.day), {}).setdefault(r.pool, PoolUsage())
-        row.add(
-            PoolUsage(r.usd_micros, r.uncached_tokens, r.cached_tokens, r.output_tokens, r.requests)
-        )
+        if not self._seen.add(r.id, now):
+            return  # a duplicate within the window changes nothing (Redis: SET NX fails)
+        self._expire_rows(now)
+        month_key, day_key = (r.tenant_id, r.month), (r.tenant_id, r.day)
+        self._month[month_key] = self._month.get(month_key, 0) + r.usd_micros
+        row = self._days.setdefault(day_key, {}).setdefault(r.pool, PoolUsage())
+        row.usd_micros += r.usd_micros
+        row.uncached_tokens += r.uncached_tokens
+        row.cached_tokens += r.cached_tokens
+        row.output_tokens += r.output_tokens
+        row.requests += r.requests
+        written = self._written
+        for key in (month_key, day_key):
+            written[key] = now
+            written.move_to_end(key)
+
+    def _expire_rows(self, now_us: int) -> None:
+        written = self._written
+        cutoff = now_us - SPEND_KEEP_S * US
+        while written:
+            key, last = next(iter(written.items()))
+            if last > cutoff:
+                return
+            del written[key]
+            # A month is "YYYY-MM", a day "YYYY-MM-DD": one ordered map serves both.
+            if len(key[1]) == 7:
+                self._month.pop(key, None)
+            else:
+                self._days.pop(key, None)
+
+    def entry_counts(self) -> dict[str, int]:
+        """How many entries each structure holds (what must stay bounded under sustained load)."""
+        return {
+            "spend_ids": len(self._seen),
+            "spend_id_slots": self._seen.filed,
+            "leases": sum(len(x.expiry) for x in self._leases.values()),
+            "lease_heap": sum(len(x.heap) for x in self._leases.values()),
+            "buckets": len(self._buckets),
+            "month_rows": len(self._month),
+            "day_rows": len(self._days),
+            "keys": len(self._keys),
+            "revoked": len(self._revoked),
+        }
 
     # -- reads ---------------------------------------------------------------------------------
     async def usage(self, tenant_id: str, days: Sequence[str]) -> list[DayUsage]:
         """Spend rows for the given days."""
+        self._expire_rows(self._clock_us())
         out = []
         for day in days:
             rows = self._days.get((tenant_id, day), {})
@@ -138,6 +277,7 @@ class MemoryStore:
 
     async def month_spend_micros(self, tenant_id: str, month: str) -> int:
         """Total charged to a tenant in a month."""
+        self._expire_rows(self._clock_us())
         return self._month.get((tenant_id, month), 0)
 
     # -- keys ----------------------------------------------------------------------------------
