@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
+import importlib.metadata
+import re
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
-from app.config import ConfigError, load_config
+import uvicorn
+
+from app.config import ConfigError, GatewayConfig, load_config
+
+# The lab commands: their module, and the optional extra (pyproject.toml) whose packages they import.
+LAB_COMMANDS = {
+    "bench": ("app.bench.cli", "load-test an OpenAI-compatible URL: TTFT, TPOT, throughput, $/M tokens"),
+    "sim": ("app.sim.cli", "emulate a vLLM server (batching, paged KV with prefix caching, speculative decoding)"),
+}
+# How long the ready line waits for every replica's first health probe (a probe times out within 5 s).
+_FIRST_PROBE_WAIT_S = 5.0
+_PROBE_POLL_S = 0.05
+_EXTRA_RX = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+_NAME_RX = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.api.app import create_app
 
     try:
@@ -22,8 +38,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host = args.host or cfg.listen.host
     port = args.port if args.port is not None else cfg.listen.port
-    uvicorn.run(
-        create_app(cfg),
+    app = create_app(cfg)
+    config = uvicorn.Config(
+        app,
         host=host,
         port=port,
         loop="uvloop",
@@ -34,7 +51,75 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
     )
-    return 0
+    server = _ReadyServer(config, lambda url: _announce_when_probed(url, cfg, app))
+    server.run()
+    # uvicorn's own exit code for a server that never started (port taken, lifespan failed).
+    return 0 if server.started else 3
+
+
+class _ReadyServer(uvicorn.Server):
+    """uvicorn's server, plus one task started once the sockets listen (the ready line)."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[str], Coroutine[Any, Any, None]]) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+        self._ready_task: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Bind and run the app's lifespan as uvicorn does, then announce the listening address."""
+        await super().startup(sockets)
+        if self.started and not self.should_exit:
+            self._ready_task = asyncio.create_task(self._on_started(_listen_url(self.servers)))
+
+
+def _listen_url(servers: Sequence[Any]) -> str:
+    try:
+        host, port = servers[0].sockets[0].getsockname()[:2]
+    except (IndexError, AttributeError, TypeError, ValueError):
+        return "(unknown address)"
+    return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+
+
+async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object) -> None:
+    """Print the ready line once every replica had its first probe (or after a few seconds)."""
+    replicas = _replica_states(app)
+    # The scraper sets no event on a first probe; a bounded poll of the flags it does set is enough here.
+    for _ in range(int(_FIRST_PROBE_WAIT_S / _PROBE_POLL_S)):
+        if all(getattr(r, "probed", True) for _, r in replicas):
+            break
+        await asyncio.sleep(_PROBE_POLL_S)
+    print(ready_line(url, cfg, replicas), flush=True)
+
+
+def _replica_states(app: object) -> list[tuple[str, Any]]:
+    """(pool, replica state) pairs from the running gateway; empty if its shape is not the expected one."""
+    state = getattr(getattr(app, "api", app), "state", None)
+    cluster = getattr(getattr(state, "gateway", None), "cluster", None)
+    pools = getattr(cluster, "pools", None)
+    if not isinstance(pools, dict):
+        return []
+    return [(name, r) for name, pool in pools.items() for r in getattr(pool, "replicas", ())]
+
+
+def ready_line(url: str, cfg: GatewayConfig, replicas: Sequence[tuple[str, Any]]) -> str:
+    """`kvgate ready on URL - pools fast (1/1 replicas healthy), ...`; counts from the config if no state."""
+    parts = []
+    for name, pool in cfg.pools.items():
+        total = len(pool.replicas)
+        states = [r for p, r in replicas if p == name]
+        if not states:
+            parts.append(f"{name} ({total} replica{'s' if total != 1 else ''})")
+            continue
+        healthy = sum(1 for r in states if getattr(r, "probed", False) and _available(r))
+        unprobed = sum(1 for r in states if not getattr(r, "probed", False))
+        note = f", {unprobed} not probed yet" if unprobed else ""
+        parts.append(f"{name} ({healthy}/{len(states)} replica{'s' if len(states) != 1 else ''} healthy{note})")
+    return f"kvgate ready on {url} - pools {', '.join(parts)}"
+
+
+def _available(replica: Any) -> bool:
+    available = getattr(replica, "available", None)
+    return bool(available()) if callable(available) else bool(getattr(replica, "healthy", False))
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -53,13 +138,58 @@ def _print_problems(err: ConfigError) -> None:
         print(problem, file=sys.stderr)
 
 
-def _delegate(module: str) -> tuple[object, object]:
-    mod = importlib.import_module(module)
-    return mod.configure_parser, mod.run
+def missing_extra(extra: str) -> list[str]:
+    """Distributions of kvgate's optional `extra` that are not installed (empty when kvgate has no metadata)."""
+    try:
+        requires = importlib.metadata.requires("kvgate") or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for req in requires:
+        spec, _, marker = req.partition(";")
+        name = _NAME_RX.match(spec)
+        if name is None or extra not in _EXTRA_RX.findall(marker) or name.group(1) == "kvgate":
+            continue
+        try:
+            importlib.metadata.distribution(name.group(1))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name.group(1))
+    return missing
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI's argument parser."""
+def _needs_extra(command: str, missing: Sequence[str]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        print(f"kvgate {command} needs the '{command}' extra (missing: {', '.join(missing)}); "
+              f"install it with: pip install 'kvgate[{command}]'", file=sys.stderr)  # fmt: skip
+        return 2
+
+    return run
+
+
+def _add_lab_command(sub: Any, name: str, load: bool) -> None:
+    module, help_text = LAB_COMMANDS[name]
+    p = sub.add_parser(name, help=help_text)
+    if not load:  # not the command being run: its help line is enough
+        return
+    missing = missing_extra(name)
+    mod = None
+    if not missing:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as err:  # kvgate run from a checkout without its metadata
+            if (err.name or "app").split(".")[0] == "app":
+                raise
+            missing = [err.name or "?"]
+    if mod is None:
+        p.add_argument("args", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_needs_extra(name, missing))
+        return
+    mod.configure_parser(p)
+    p.set_defaults(func=mod.run)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's argument parser; lab commands other than `command` are not imported (all when None)."""
     parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -74,19 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", nargs="?")
     check.set_defaults(func=_check_config)
 
-    helps = {"bench": "load-test an OpenAI-compatible URL: TTFT, TPOT, throughput, $/M tokens",
-             "sim": "emulate a vLLM server (batching, paged KV with prefix caching, speculative decoding)"}
-    for name, module in (("bench", "app.bench.cli"), ("sim", "app.sim.cli")):
-        configure, run = _delegate(module)
-        p = sub.add_parser(name, help=helps[name])
-        configure(p)  # type: ignore[operator]
-        p.set_defaults(func=run)
+    for name in LAB_COMMANDS:
+        _add_lab_command(sub, name, load=command is None or command == name)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kvgate` console script."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in LAB_COMMANDS else "").parse_args(argv)
     return int(args.func(args))
 
 

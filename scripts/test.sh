@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
-scripts/bootstrap.sh
+scripts/bootstrap.sh --test
 
 run_pytest() {
   # pytest exits 5 when it selected no test; a tier with nothing to run is a failure of this script.
