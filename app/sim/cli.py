@@ -37,6 +37,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-call-parser", default=None, help="accepted as in vLLM (e.g. hermes)")
     p.add_argument("--no-render-tools", dest="render_tools", action="store_false",
                    help="drop `tools` from the prompt, as SmolLM2's own chat template does")  # fmt: skip
+    p.add_argument("--enable-responses-store", action="store_true",
+                   help="keep /v1/responses results for GET, cancel, previous_response_id and background mode "
+                        "(vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)")  # fmt: skip
     p.add_argument("--log-level", default="warning")
 
 
@@ -64,6 +67,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         render_tools=args.render_tools,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        enable_responses_store=args.enable_responses_store,
     )
     opts.scheduler_config()
     return opts

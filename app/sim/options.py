@@ -56,6 +56,7 @@ class SimOptions:
     default_system_prompt: bool = True  # SmolLM2's template adds one when the chat has no system turn
     enable_auto_tool_choice: bool = False  # as vLLM: without it (and a parser) tools with tool_choice auto -> 400
     tool_call_parser: str | None = None  # accepted for vLLM parity; the sim never emits tool calls
+    enable_responses_store: bool = False  # vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1: store, GET, cancel, background
     render_tools: bool = True  # tools JSON in the system turn (Qwen/Hermes style); SmolLM2's own template drops them
 
     def resolved_profile(self) -> Profile:

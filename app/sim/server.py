@@ -1,4 +1,4 @@
-"""The sim's HTTP surface: a raw Starlette app with vLLM's OpenAI-compatible endpoints over one Engine."""
+"""The sim's HTTP surface: a raw Starlette app with vLLM's OpenAI-compatible, Responses and Messages endpoints."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.sim.engine import Engine, EngineConfig, OutputStream
+from app.sim.engine import OutputStream
+from app.sim.messages import MessagesSurface
 from app.sim.options import SimOptions
 from app.sim.protocol import GenRequest, SimHTTPError, json_decode_error, parse_generation
 from app.sim.request import Status
+from app.sim.responses import ResponsesEndpoint, ResponsesSurface
 from app.sim.sender import DirectSender
-from app.sim.template import SMOLLM2_DEFAULT_SYSTEM, TemplateError, render_chat
-from app.sim.tokenizer import Tokenizer, load_tokenizer
+from app.sim.state import SimState, read_body, send_whole
+from app.sim.surface import SurfaceEndpoint
+from app.sim.template import TemplateError, render_chat
 from app.sim.wire import (
     DONE,
     VLLM_VERSION,
@@ -37,51 +40,6 @@ _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream; charset=utf-8")
 
 
-class SimState:
-    """Everything one sim app owns: options, tokenizer and engine."""
-
-    def __init__(self, options: SimOptions) -> None:
-        self.options = options
-        self.sched_config = options.scheduler_config()
-        self.tokenizer: Tokenizer = load_tokenizer(options.tokenizer)
-        spec = options.spec()
-        self.spec_enabled = spec is not None
-        self.engine = Engine(
-            EngineConfig(
-                profile=options.resolved_profile(),
-                scheduler=self.sched_config,
-                kv_blocks=options.num_kv_blocks(),
-                block_size=options.resolved_block_size(),
-                time_scale=options.time_scale,
-                seed=options.seed,
-                enable_prefix_caching=options.enable_prefix_caching,
-                mean_output_tokens=options.mean_output_tokens,
-                model_name=options.model,
-            ),
-            self.tokenizer.output_vocab(),
-            self.tokenizer.eos_token_id,
-        )
-        self.default_system = SMOLLM2_DEFAULT_SYSTEM if options.default_system_prompt else None
-        self.created = int(time.time())
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ConnectionResetError
-        chunks.append(msg.get("body", b""))
-        if not msg.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _send_whole(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})  # fmt: skip
-    await send({"type": "http.response.body", "body": body})
-
-
 class GenerationEndpoint:
     """POST /v1/chat/completions or /v1/completions as a raw ASGI app (the per-token path stays lean)."""
 
@@ -93,11 +51,11 @@ class GenerationEndpoint:
         """Handle one request."""
         st = self.state
         if scope["method"] != "POST":
-            await _send_whole(send, 405, b'{"detail":"Method Not Allowed"}', [_JSON])
+            await send_whole(send, 405, b'{"detail":"Method Not Allowed"}', [_JSON])
             return
         headers = {k.lower(): v for k, v in scope["headers"]}
         try:
-            raw = await _read_body(receive)
+            raw = await read_body(receive)
         except ConnectionResetError:
             return
         rid = (headers.get(b"x-request-id") or b"").decode() or uuid.uuid4().hex[:16]
@@ -127,7 +85,7 @@ class GenerationEndpoint:
             if -(-len(gen.prompt_ids) // pool.block_size) > pool.num_blocks:
                 raise SimHTTPError(400, "The prompt does not fit in the KV cache.", "BadRequestError", "messages")
         except SimHTTPError as e:
-            await _send_whole(send, e.status, e.body(), out_headers)
+            await send_whole(send, e.status, e.body(), out_headers)
             return
         resp_id = ("chatcmpl-" if self.kind == "chat" else "cmpl-") + rid
         if gen.stream:
@@ -197,7 +155,7 @@ class GenerationEndpoint:
             choices = [(gen.echo_prompt + t, fr) for t, fr in choices]
         build = chat_response if gen.kind == "chat" else completion_response
         body = build(resp_id, int(time.time()), st.options.model, choices, self._usage(gen, stream, False))
-        await _send_whole(send, 200, body, headers)
+        await send_whole(send, 200, body, headers)
 
     def _stream_sink(
         self, gen: GenRequest, resp_id: str, sender: DirectSender, get_stream: Callable[[], OutputStream]
@@ -331,6 +289,9 @@ def create_sim_app(options: SimOptions) -> Starlette:
             await st.engine.stop()
 
     chat, completions = GenerationEndpoint(st, "chat"), GenerationEndpoint(st, "completion")
+    responses_api, messages_api = ResponsesSurface(st), MessagesSurface(st)
+    responses = ResponsesEndpoint(st, responses_api)
+    messages = SurfaceEndpoint(st, messages_api)
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
@@ -340,8 +301,12 @@ def create_sim_app(options: SimOptions) -> Starlette:
         Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
         Route("/v1/chat/completions", chat),
         Route("/v1/completions", completions),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", responses_api.cancel, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_api.count_tokens, methods=["POST"]),
     ]
     app = _SimStarlette(routes=routes, lifespan=lifespan)
-    app.fast_routes = {"/v1/chat/completions": chat, "/v1/completions": completions}
+    app.fast_routes = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/responses": responses,
+                       "/v1/messages": messages}  # fmt: skip
     app.state.sim = st
     return app

@@ -1,0 +1,62 @@
+"""What one sim app owns (options, tokenizer, engine) and the raw-ASGI body helpers its endpoints share."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import Receive, Send
+
+from app.sim.engine import Engine, EngineConfig
+from app.sim.options import SimOptions
+from app.sim.template import SMOLLM2_DEFAULT_SYSTEM
+from app.sim.tokenizer import Tokenizer, load_tokenizer
+
+
+class SimState:
+    """Everything one sim app owns: options, tokenizer and engine."""
+
+    def __init__(self, options: SimOptions) -> None:
+        self.options = options
+        self.sched_config = options.scheduler_config()
+        self.tokenizer: Tokenizer = load_tokenizer(options.tokenizer)
+        spec = options.spec()
+        self.spec_enabled = spec is not None
+        self.engine = Engine(
+            EngineConfig(
+                profile=options.resolved_profile(),
+                scheduler=self.sched_config,
+                kv_blocks=options.num_kv_blocks(),
+                block_size=options.resolved_block_size(),
+                time_scale=options.time_scale,
+                seed=options.seed,
+                enable_prefix_caching=options.enable_prefix_caching,
+                mean_output_tokens=options.mean_output_tokens,
+                model_name=options.model,
+            ),
+            self.tokenizer.output_vocab(),
+            self.tokenizer.eos_token_id,
+        )
+        self.default_system = SMOLLM2_DEFAULT_SYSTEM if options.default_system_prompt else None
+        self.created = int(time.time())
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ConnectionResetError
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def send_whole(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
