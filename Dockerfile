@@ -1,17 +1,21 @@
-# kvgate gateway image (also runs `kvgate sim` for the CPU-only stack).
+# kvgate gateway image: the core install, the gateway only.
 #   docker build -t kvgate:0.1.0 .
+# EXTRAS adds optional extras from pyproject.toml; the CPU-only stack (docker-compose.cpu.yml) builds
+# kvgate:<version>-sim with EXTRAS=sim so the same image also runs `kvgate sim`.
+#   docker build --build-arg EXTRAS=sim -t kvgate:0.1.0-sim .
 # Two stages: the build stage installs the project into a virtualenv; the final stage copies only
 # that virtualenv onto a slim Python, so no compiler, pip cache or source tree ships.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/kvgate
 WORKDIR /src
 # Dependencies first, from pyproject alone, so a source change does not reinstall them.
 COPY pyproject.toml README.md ./
 RUN mkdir app && touch app/__init__.py \
- && /opt/kvgate/bin/pip install . \
+ && /opt/kvgate/bin/pip install ".${EXTRAS:+[$EXTRAS]}" \
  && /opt/kvgate/bin/pip uninstall -y kvgate
 COPY app ./app
 RUN /opt/kvgate/bin/pip install --no-deps . \

@@ -4,11 +4,12 @@ config path and port compose relies on."""
 from __future__ import annotations
 
 import re
+import subprocess
 
 import yaml
 
 from app.config import parse_config
-from tests.deploy.files import COMPOSE, ROOT, effective_compose, flag
+from tests.deploy.files import COMPOSE, COMPOSE_CPU, ROOT, effective_compose, flag
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 # Instructions with continuation lines joined, comments dropped.
@@ -73,3 +74,24 @@ def test_build_context_keeps_out_the_venv_git_and_tests() -> None:
     for c in [ln for st in STAGES for ln in st if ln.upper().startswith("COPY ") and "--from" not in ln]:
         for src in c.split()[1:-1]:
             assert src.rstrip("/") in allowed, f"COPY {src} is excluded by .dockerignore"
+
+
+def test_image_installs_the_core_only_unless_asked() -> None:
+    build = " ".join(STAGES[0])
+    assert re.search(r'\bARG EXTRAS(="")?(\s|$)', build), "EXTRAS must default to empty"
+    [target] = re.findall(r"pip install (\S+) ", build.replace("--no-deps .", ""))
+    # The target as the build stage's sh expands it: no extras by default, `.[sim]` for EXTRAS=sim.
+    for extras, want in (("", "."), ("sim", ".[sim]")):
+        out = subprocess.run(["sh", "-c", f"echo {target}"], env={"EXTRAS": extras}, capture_output=True, text=True)
+        assert out.stdout.strip() == want
+    gw = effective_compose(COMPOSE)["services"]["gateway"]
+    assert not (gw["build"].get("args") or {}).get("EXTRAS"), "the production gateway image has no extras"
+
+def test_cpu_stack_images_carry_the_sim_extra_under_their_own_tag() -> None:
+    prod = effective_compose(COMPOSE)["services"]["gateway"]["image"]
+    cpu = effective_compose(COMPOSE, COMPOSE_CPU)["services"]
+    sims = [name for name, svc in cpu.items() if svc.get("command", [])[:2] == ["kvgate", "sim"]]
+    assert sims
+    for name in [*sims, "gateway"]:
+        assert "sim" in cpu[name]["build"]["args"]["EXTRAS"].split(","), f"{name} runs without the sim extra"
+        assert cpu[name]["image"] != prod, f"{name}: a sim-extra build must not reuse the core image's tag"
