@@ -1,8 +1,8 @@
 # kvgate gateway image: the core install, the gateway only.
 #   docker build -t kvgate:0.1.0 .
 # EXTRAS adds optional extras from pyproject.toml; the CPU-only stack (docker-compose.cpu.yml) builds
-# kvgate:<version>-sim with EXTRAS=sim so the same image also runs `kvgate sim`.
-#   docker build --build-arg EXTRAS=sim -t kvgate:0.1.0-sim .
+# kvgate:<version>-lab with EXTRAS=sim,bench so the same image also runs `kvgate sim` and `kvgate bench`.
+#   docker build --build-arg EXTRAS=sim,bench -t kvgate:0.1.0-lab .
 # Two stages: the build stage installs the project into a virtualenv; the final stage copies only
 # that virtualenv onto a slim Python, so no compiler, pip cache or source tree ships.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

@@ -87,11 +87,12 @@ def test_image_installs_the_core_only_unless_asked() -> None:
     gw = effective_compose(COMPOSE)["services"]["gateway"]
     assert not (gw["build"].get("args") or {}).get("EXTRAS"), "the production gateway image has no extras"
 
-def test_cpu_stack_images_carry_the_sim_extra_under_their_own_tag() -> None:
+def test_cpu_stack_images_carry_the_lab_extras_under_their_own_tag() -> None:
     prod = effective_compose(COMPOSE)["services"]["gateway"]["image"]
     cpu = effective_compose(COMPOSE, COMPOSE_CPU)["services"]
     sims = [name for name, svc in cpu.items() if svc.get("command", [])[:2] == ["kvgate", "sim"]]
     assert sims
     for name in [*sims, "gateway"]:
-        assert "sim" in cpu[name]["build"]["args"]["EXTRAS"].split(","), f"{name} runs without the sim extra"
+        extras = cpu[name]["build"]["args"]["EXTRAS"].split(",")
+        assert {"sim", "bench"} <= set(extras), f"{name}: kvgate sim and bench (docs/deploy.md) need their extras"
         assert cpu[name]["image"] != prod, f"{name}: a sim-extra build must not reuse the core image's tag"
