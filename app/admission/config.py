@@ -1,0 +1,62 @@
+"""Admission settings for one pool: when the fair queue engages and how it shares a saturated pool.
+
+Self-contained (no import of app.config) so GatewayConfig can mount it at `pools.<p>.admission` or `admission`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+RouteClass = Literal["interactive", "bulk"]
+
+
+class ClassDeadlines(BaseModel):
+    """Longest wait in the queue per latency class before the request is refused (seconds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interactive: float = Field(2.0, gt=0)
+    bulk: float = Field(30.0, gt=0)
+
+    def for_class(self, route_class: RouteClass) -> float:
+        """The deadline of `route_class`."""
+        return self.interactive if route_class == "interactive" else self.bulk
+
+
+class AdmissionConfig(BaseModel):
+    """Saturation thresholds, queue bounds, deadlines and tenant weights of one pool's admission queue."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    # A replica is saturated when this many requests wait in its engine queue (vllm:num_requests_waiting,
+    # moved by the gateway's own sends since the scrape). A request that merely arrived between two engine
+    # steps shows up there for one step, so 1 would engage on noise below saturation.
+    max_waiting_per_replica: int = Field(4, ge=1)
+    # ... or when its KV cache is this full (vllm:kv_cache_usage_perc counts blocks held by running requests).
+    kv_usage_threshold: float = Field(0.95, gt=0, le=1)
+    # Optional hard cap on the predicted tokens (uncached prompt + output) the gateway has in flight on the pool.
+    max_in_flight_tokens: int | None = Field(None, ge=1)
+    deadline_s: ClassDeadlines = ClassDeadlines()
+    # Requests waiting in the gateway for this pool, all tenants together. When full, the tenant with the
+    # longest queue loses its newest request to a tenant with a shorter one (so a flood cannot lock others out).
+    max_queue_len: int = Field(1024, ge=1)
+    # Fair share is proportional to weight; tenants not listed get default_weight.
+    tenant_weights: dict[str, float] = {}
+    default_weight: float = Field(1.0, gt=0)
+    # What the pipeline does with a refused request: 429 + Retry-After, or serve it on the bulk pool.
+    on_exceed: Literal["reject", "degrade"] = "reject"
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _positive_weights(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(t for t, w in v.items() if not w > 0)
+        if bad:
+            raise ValueError(f"tenant weights must be > 0 (not for {', '.join(bad)})")
+        return v
+
+    def weight(self, tenant: str) -> float:
+        """The fair-share weight of `tenant`."""
+        return self.tenant_weights.get(tenant, self.default_weight)

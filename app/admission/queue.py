@@ -1,0 +1,340 @@
+"""One pool's admission queue: a request starts at once while the pool has room, else waits fairly for a slot.
+
+    async with queue.admit(tenant, route_class, predicted_tokens) as ticket:
+        ...send upstream...; ticket.settle(actual_tokens)
+
+Fast path: nothing waiting and room under the cap -> the ticket is granted without suspending (no lock, no
+future). Saturated: the request waits in its tenant's FIFO and is released in virtual-token-counter order
+(app.admission.vtc) when a ticket of this pool is released or a scrape (`on_state_change`) raises the cap.
+A request that cannot start within its class's deadline, or finds the queue full, gets AdmissionRejected.
+A waiting task that is cancelled (the client went away) leaves the queue; nothing is charged for it.
+
+Everything runs on one event loop, so plain attributes need no locks. Metrics are plain attributes for the
+telemetry layer to read: queue lengths per tenant, wait statistics (and an `on_wait` hook per observation),
+service share per tenant, rejections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+from app.admission.config import AdmissionConfig, RouteClass
+from app.admission.limit import next_limit
+from app.admission.saturation import ReplicaLoad, Saturation, assess
+from app.admission.vtc import VirtualTokenCounter
+
+RejectReason = Literal["queue_full", "deadline"]
+# Slot releases remembered for the service rate behind Retry-After.
+RATE_WINDOW = 64
+MIN_RETRY_AFTER_S = 0.1
+
+
+class AdmissionRejected(Exception):
+    """The request cannot start in time (or the queue is full): map to 429 + Retry-After, or degrade."""
+
+    def __init__(self, retry_after_s: float, reason: RejectReason, *, tenant: str = "",
+                 route_class: RouteClass = "bulk", waited_s: float = 0.0) -> None:  # fmt: skip
+        super().__init__(f"admission rejected ({reason}); retry after {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+        self.tenant = tenant
+        self.route_class = route_class
+        self.waited_s = waited_s
+
+
+@dataclass(slots=True)
+class WaitStats:
+    """Waits of one tenant's requests that went through the queue (fast-path ones are not counted)."""
+
+    count: int = 0
+    total_s: float = 0.0
+    max_s: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        """One observation."""
+        self.count += 1
+        self.total_s += seconds
+        if seconds > self.max_s:
+            self.max_s = seconds
+
+
+class Ticket:
+    """A started request's slot: settle() with the actual cost, release() (or leave `async with`) when done."""
+
+    __slots__ = ("_queue", "_released", "_settled", "predicted_tokens", "queued", "route_class", "tenant",
+                 "waited_s")  # fmt: skip
+
+    def __init__(self, queue: AdmissionQueue, tenant: str, route_class: RouteClass, predicted_tokens: int,
+                 waited_s: float, queued: bool) -> None:  # fmt: skip
+        self._queue = queue
+        self.tenant = tenant
+        self.route_class = route_class
+        self.predicted_tokens = predicted_tokens
+        self.waited_s = waited_s  # 0 on the fast path: what the span and x-kvgate-route report
+        self.queued = queued
+        self._settled = False
+        self._released = False
+
+    def settle(self, actual_tokens: int) -> None:
+        """Correct the tenant's charge with what the request really cost (uncached prompt + output); once."""
+        if self._settled:
+            return
+        self._settled = True
+        self._queue._correct(self.tenant, actual_tokens - self.predicted_tokens)
+
+    def release(self, actual_tokens: int | None = None) -> None:
+        """Free the slot (idempotent), settling first when the actual cost is given; the next waiter may start."""
+        if actual_tokens is not None:
+            self.settle(actual_tokens)
+        if self._released:
+            return
+        self._released = True
+        self._queue._release(self)
+
+
+class _Waiter:
+    __slots__ = ("enqueued_at", "future", "route_class", "tenant", "timer", "tokens")
+
+    def __init__(self, tenant: str, route_class: RouteClass, tokens: int, future: asyncio.Future[Ticket],
+                 now: float) -> None:  # fmt: skip
+        self.tenant = tenant
+        self.route_class = route_class
+        self.tokens = tokens
+        self.future = future
+        self.enqueued_at = now
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Admission:
+    """`async with queue.admit(...)`: a class, not a generator, so the fast path costs two method calls."""
+
+    __slots__ = ("_args", "_queue", "_ticket")
+
+    def __init__(self, queue: AdmissionQueue, args: tuple[str, RouteClass, int, float | None]) -> None:
+        self._queue = queue
+        self._args = args
+        self._ticket: Ticket | None = None
+
+    async def __aenter__(self) -> Ticket:
+        tenant, route_class, tokens, deadline_s = self._args
+        ticket = self._queue.try_admit(tenant, route_class, tokens)
+        if ticket is None:
+            ticket = await self._queue.wait(tenant, route_class, tokens, deadline_s)
+        self._ticket = ticket
+        return ticket
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:  # fmt: skip
+        if self._ticket is not None:
+            self._ticket.release()
+
+
+class AdmissionQueue:
+    """The admission queue of one pool (one per pool, owned by the gateway; no globals)."""
+
+    def __init__(self, cfg: AdmissionConfig, *, pool: str = "", clock: Callable[[], float] = time.monotonic,
+                 on_wait: Callable[[str, RouteClass, float], None] | None = None) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.pool = pool
+        self._clock = clock
+        self._on_wait = on_wait
+        self._sched: VirtualTokenCounter[_Waiter] = VirtualTokenCounter(cfg.tenant_weights, cfg.default_weight)
+        self._releases: deque[float] = deque(maxlen=RATE_WINDOW)
+        # --- metrics and state, read-only for others ---
+        self.in_flight = 0  # tickets granted and not released
+        self.in_flight_tokens = 0  # their predicted tokens
+        self.limit: int | None = None  # cap on in_flight while engaged; None = no cap
+        self.saturation = Saturation(False, None, 0, 0, 0)
+        self.waits: dict[str, WaitStats] = {}
+        self.served_tokens: dict[str, float] = {}  # charged at start, corrected at settle
+        self.rejected: dict[tuple[str, RejectReason], int] = {}
+
+    # ------------------------------------------------------------------------------------------ entry points
+    def admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
+              deadline_s: float | None = None) -> _Admission:  # fmt: skip
+        """`async with` this: yields a Ticket once the request may start; raises AdmissionRejected."""
+        return _Admission(self, (tenant, route_class, predicted_tokens, deadline_s))
+
+    async def acquire(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
+                      deadline_s: float | None = None) -> Ticket:  # fmt: skip
+        """The Ticket without a context manager (for a stream that outlives the handler); release() it."""
+        ticket = self.try_admit(tenant, route_class, predicted_tokens)
+        if ticket is None:
+            ticket = await self.wait(tenant, route_class, predicted_tokens, deadline_s)
+        return ticket
+
+    def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int) -> Ticket | None:
+        """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
+        if not self.cfg.enabled:
+            return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
+        if len(self._sched) == 0 and self._room(predicted_tokens):
+            self._sched.serve_direct(tenant, predicted_tokens)
+            return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
+        return None
+
+    async def wait(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
+                   deadline_s: float | None = None) -> Ticket:  # fmt: skip
+        """Queue the request until it may start; AdmissionRejected on a full queue or at the deadline."""
+        deadline = self.cfg.deadline_s.for_class(route_class) if deadline_s is None else deadline_s
+        loop = asyncio.get_running_loop()
+        w = _Waiter(tenant, route_class, predicted_tokens, loop.create_future(), self._clock())
+        self._enqueue(w)
+        w.timer = loop.call_later(max(deadline, 0.0), self._expire, w)
+        self._pump()
+        try:
+            return await w.future
+        except asyncio.CancelledError:
+            self._abandon(w)
+            raise
+
+    def on_state_change(self, replicas: Iterable[ReplicaLoad]) -> Saturation:
+        """Re-assess saturation from the pool's replicas in rotation (call after each scrape); may release waiters."""
+        sat = assess(replicas, self.cfg, self.in_flight_tokens)
+        self.saturation = sat
+        if self.cfg.enabled:
+            self.limit = next_limit(self.limit, self.in_flight, len(self._sched), sat, self.cfg)
+            self._pump()
+            self._sched.forget_idle()
+        return sat
+
+    # --------------------------------------------------------------------------------------------- metrics
+    @property
+    def queue_len(self) -> int:
+        """Requests waiting, all tenants."""
+        return len(self._sched)
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Requests waiting per tenant (tenants with none are absent)."""
+        return {t: self._sched.backlog(t) for t in self._sched.backlogged()}
+
+    def shares(self) -> dict[str, float]:
+        """Each tenant's fraction of the tokens served through this queue so far."""
+        total = sum(self.served_tokens.values())
+        if total <= 0:
+            return {}
+        return {t: v / total for t, v in self.served_tokens.items()}
+
+    def counters(self) -> dict[str, float]:
+        """The virtual token counters (weighted service, lifted); their spread among waiting tenants = unfairness."""
+        return dict(self._sched.counters)
+
+    def retry_after_s(self, tenant: str, route_class: RouteClass) -> float:
+        """When a new request of `tenant` might start: its place in the fair order over the recent release rate."""
+        rate = self._release_rate()
+        if rate is None:
+            return self.cfg.deadline_s.for_class(route_class)
+        sched = self._sched
+        backlogged = list(sched.backlogged())
+        weights = sum(sched.weight(t) for t in backlogged if t != tenant) + sched.weight(tenant)
+        ahead = min(len(sched) + 1, (sched.backlog(tenant) + 1) * weights / sched.weight(tenant))
+        return max(ahead / rate, MIN_RETRY_AFTER_S)
+
+    # ---------------------------------------------------------------------------------------------- inside
+    def _room(self, tokens: int) -> bool:
+        if self.limit is not None and self.in_flight >= self.limit:
+            return False
+        cap = self.cfg.max_in_flight_tokens
+        # One request always fits on an idle pool, however large: the cap must not refuse it forever.
+        return cap is None or self.in_flight == 0 or self.in_flight_tokens + tokens <= cap
+
+    def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool) -> Ticket:
+        self.in_flight += 1
+        self.in_flight_tokens += tokens
+        self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + tokens
+        return Ticket(self, tenant, route_class, tokens, waited_s, queued)
+
+    def _release(self, ticket: Ticket) -> None:
+        self.in_flight -= 1
+        self.in_flight_tokens -= ticket.predicted_tokens
+        self._releases.append(self._clock())
+        if len(self._sched):
+            self._pump()
+
+    def _correct(self, tenant: str, delta: int) -> None:
+        if delta == 0:
+            return
+        self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + delta
+        if self.cfg.enabled:
+            self._sched.charge(tenant, delta)
+
+    def _enqueue(self, w: _Waiter) -> None:
+        sched = self._sched
+        if len(sched) >= self.cfg.max_queue_len:
+            victim = self._longest_other(w.tenant)
+            if victim is None:
+                raise self._rejection(w.tenant, w.route_class, "queue_full")
+            else:
+                entry = sched.newest(victim)
+                assert entry is not None
+                sched.remove(entry.tenant, entry.route_class, entry.item)
+                self._fail(entry.item, "queue_full")
+        sched.push(w.tenant, w.route_class, w, w.tokens)
+
+    def _longest_other(self, tenant: str) -> str | None:
+        """The tenant to evict from for `tenant`: the longest weighted backlog, if clearly longer than its own."""
+        sched = self._sched
+        mine = (sched.backlog(tenant) + 1) / sched.weight(tenant)
+        best, best_len = None, mine
+        for t in sched.backlogged():
+            length = sched.backlog(t) / sched.weight(t)
+            if t != tenant and length > best_len:
+                best, best_len = t, length
+        return best
+
+    def _pump(self) -> None:
+        sched = self._sched
+        while len(sched):
+            head = sched.peek()
+            assert head is not None
+            if not self._room(head.item.tokens):
+                return
+            sched.pop()
+            w = head.item
+            if w.future.done():  # cancelled; its task has not run its cleanup yet: undo the charge
+                sched.charge(head.tenant, -head.cost)
+                continue
+            if w.timer is not None:
+                w.timer.cancel()
+            waited = self._clock() - w.enqueued_at
+            self.waits.setdefault(w.tenant, WaitStats()).add(waited)
+            if self._on_wait is not None:
+                self._on_wait(w.tenant, w.route_class, waited)
+            w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, queued=True))
+
+    def _expire(self, w: _Waiter) -> None:
+        if self._sched.remove(w.tenant, w.route_class, w):
+            self._fail(w, "deadline")
+
+    def _fail(self, w: _Waiter, reason: RejectReason) -> None:
+        if w.timer is not None:
+            w.timer.cancel()
+        if not w.future.done():
+            w.future.set_exception(self._rejection(w.tenant, w.route_class, reason, self._clock() - w.enqueued_at))
+
+    def _rejection(self, tenant: str, route_class: RouteClass, reason: RejectReason,
+                   waited_s: float = 0.0) -> AdmissionRejected:  # fmt: skip
+        key = (tenant, reason)
+        self.rejected[key] = self.rejected.get(key, 0) + 1
+        return AdmissionRejected(self.retry_after_s(tenant, route_class), reason, tenant=tenant,
+                                 route_class=route_class, waited_s=waited_s)  # fmt: skip
+
+    def _abandon(self, w: _Waiter) -> None:
+        if w.timer is not None:
+            w.timer.cancel()
+        if self._sched.remove(w.tenant, w.route_class, w):
+            return
+        if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
+            w.future.result().release()  # granted while the cancellation was on its way: hand the slot back
+
+    def _release_rate(self) -> float | None:
+        r = self._releases
+        if len(r) < 8:
+            return None
+        span = r[-1] - r[0]
+        return (len(r) - 1) / span if span > 0 else None
