@@ -13,9 +13,9 @@ from tests.kvcache.vllm_wire import WirePublisher, cleared, free_port, removed, 
 URL = "http://replica-a:8000"
 
 
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(cond: Callable[[], bool], within: float = 5.0) -> None:
     """Wait for `cond` (events cross real sockets, so arrival takes a few ms)."""
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + within
     while not cond():
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached")
@@ -145,7 +145,7 @@ async def test_restarted_engine_clears_the_replica(ports: tuple[str, str]) -> No
         await until(lambda: not hub.is_whole(URL))  # the monitor saw the disconnect
         pub = WirePublisher(ports[0], ports[1])  # a new engine process: seq starts at 0 again
         pub.publish([stored([7])])
-        await until(lambda: hub.is_whole(URL) and hub.overlap_blocks(URL, [7]) == 1, timeout=10)
+        await until(lambda: hub.is_whole(URL) and hub.overlap_blocks(URL, [7]) == 1, within=10)
         assert hub.overlap_blocks(URL, [1]) == 0
         assert hub.stats(URL).restarts == 1
     finally:
