@@ -1,0 +1,266 @@
+import asyncio
+import random
+
+import pytest
+
+from app.admission.config import AdmissionConfig
+from app.admission.queue import AdmissionQueue, AdmissionRejected, Ticket
+from tests.admission.fakes import FakeClock, FakeReplica
+
+CFG = AdmissionConfig(enabled=True, max_waiting_per_replica=4)
+SATURATED = [FakeReplica(waiting=4, running=8)]  # at the threshold: excess 0, the cap holds in-flight where it is
+IDLE = [FakeReplica()]
+
+
+def saturated_queue(held: int, cfg: AdmissionConfig = CFG, **kw: object) -> tuple[AdmissionQueue, list[Ticket]]:
+    """A queue with `held` tickets in flight and a scrape saying the pool is saturated: the cap is `held`."""
+    q = AdmissionQueue(cfg, **kw)  # type: ignore[arg-type]
+    tickets = [q.try_admit("warm", "bulk", 10) for _ in range(held)]
+    assert all(t is not None for t in tickets)
+    assert q.on_state_change(SATURATED).saturated
+    assert q.limit == held
+    return q, [t for t in tickets if t is not None]
+
+
+async def settle_loop() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_below_saturation_admit_does_not_suspend() -> None:
+    q = AdmissionQueue(CFG)
+    q.on_state_change(IDLE)
+    enter = q.admit("a", "interactive", 100).__aenter__()
+    with pytest.raises(StopIteration) as done:
+        enter.send(None)  # a coroutine that never suspends finishes on its first step
+    ticket = done.value.value
+    assert isinstance(ticket, Ticket) and not ticket.queued and ticket.waited_s == 0.0
+    assert q.in_flight == 1 and q.limit is None
+
+
+async def test_disabled_queue_always_admits_at_once() -> None:
+    q = AdmissionQueue(AdmissionConfig())
+    q.on_state_change([FakeReplica(waiting=100)])
+    tickets = [q.try_admit("a", "bulk", 1) for _ in range(10)]
+    assert all(tickets) and q.limit is None and q.in_flight == 10
+
+
+async def test_saturated_pool_queues_and_a_release_starts_the_next() -> None:
+    q, held = saturated_queue(2)
+    task = asyncio.create_task(q.acquire("a", "bulk", 50))
+    await settle_loop()
+    assert not task.done() and q.queue_lengths() == {"a": 1}
+    held[0].release()
+    ticket = await asyncio.wait_for(task, 1)
+    assert ticket.queued and q.in_flight == 2 and q.queue_len == 0
+
+
+async def test_release_order_is_fair_across_tenants() -> None:
+    q, held = saturated_queue(1)
+    order: list[str] = []
+
+    async def one(tenant: str) -> None:
+        async with q.admit(tenant, "bulk", 100):
+            order.append(tenant)
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(one("heavy")) for _ in range(6)]
+    await settle_loop()
+    tasks += [asyncio.create_task(one("light")) for _ in range(2)]
+    await settle_loop()
+    held[0].release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    # light, lifted to heavy's counter (a tie, and its backlog is shorter), alternates with heavy instead of
+    # waiting behind its 6.
+    assert order[:5] == ["light", "heavy", "light", "heavy", "heavy"]
+    assert q.in_flight == 0
+
+
+async def test_interactive_requests_of_a_tenant_start_before_its_bulk_ones() -> None:
+    q, held = saturated_queue(1)
+    order: list[str] = []
+
+    async def one(cls: str) -> None:
+        async with q.admit("a", cls, 10):  # type: ignore[arg-type]
+            order.append(cls)
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(one("bulk")) for _ in range(2)] + [asyncio.create_task(one("interactive"))]
+    await settle_loop()
+    held[0].release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    assert order == ["interactive", "bulk", "bulk"]
+
+
+async def test_a_request_that_cannot_start_by_its_deadline_is_rejected_and_leaves_the_queue() -> None:
+    q, _ = saturated_queue(1)
+    with pytest.raises(AdmissionRejected) as e:
+        await q.acquire("a", "interactive", 10, deadline_s=0.02)
+    assert e.value.reason == "deadline" and e.value.retry_after_s > 0 and e.value.route_class == "interactive"
+    assert q.queue_len == 0 and q.rejected == {("a", "deadline"): 1}
+
+
+async def test_the_class_deadline_from_the_config_applies() -> None:
+    cfg = AdmissionConfig(enabled=True, deadline_s={"interactive": 0.02, "bulk": 5})
+    q, _ = saturated_queue(1, cfg)
+    bulk = asyncio.create_task(q.acquire("a", "bulk", 10))
+    with pytest.raises(AdmissionRejected):
+        await q.acquire("a", "interactive", 10)
+    assert not bulk.done()
+    bulk.cancel()
+
+
+async def test_a_full_queue_refuses_the_tenant_with_the_longest_backlog() -> None:
+    cfg = AdmissionConfig(enabled=True, max_queue_len=3)
+    q, _ = saturated_queue(1, cfg)
+    heavy = [asyncio.create_task(q.acquire("heavy", "bulk", 10)) for _ in range(3)]
+    await settle_loop()
+    with pytest.raises(AdmissionRejected) as own:
+        await q.acquire("heavy", "bulk", 10)
+    assert own.value.reason == "queue_full"
+    light = asyncio.create_task(q.acquire("light", "bulk", 10))
+    await settle_loop()
+    # light took the place of heavy's newest request, which was refused.
+    assert q.queue_lengths() == {"heavy": 2, "light": 1}
+    with pytest.raises(AdmissionRejected) as evicted:
+        await heavy[2]
+    assert evicted.value.reason == "queue_full"
+    for t in [*heavy[:2], light]:
+        t.cancel()
+
+
+async def test_a_cancelled_waiter_leaves_no_trace() -> None:
+    q, held = saturated_queue(1)
+    task = asyncio.create_task(q.acquire("gone", "bulk", 10))
+    await settle_loop()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert q.queue_len == 0
+    counter = q.counters().get("gone")
+    held[0].release()
+    assert q.in_flight == 0 and q.counters().get("gone") == counter
+
+
+async def test_a_waiter_cancelled_just_after_its_grant_hands_the_slot_back() -> None:
+    q, held = saturated_queue(1)
+    task = asyncio.create_task(q.acquire("a", "bulk", 10))
+    other = asyncio.create_task(q.acquire("b", "bulk", 10))
+    await settle_loop()
+    held[0].release()  # grants "a" (its task has not resumed yet) ...
+    task.cancel()  # ... and the client goes away before it does
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ticket = await asyncio.wait_for(other, 1)  # the slot went on to "b"
+    assert q.in_flight == 1
+    ticket.release()
+    assert q.in_flight == 0
+
+
+async def test_settle_corrects_the_charge_with_the_actual_tokens() -> None:
+    q = AdmissionQueue(CFG)
+    t = q.try_admit("a", "bulk", 1000)
+    assert t is not None
+    t.settle(300)
+    t.settle(5)  # once only
+    t.release()
+    t.release()  # idempotent
+    assert q.served_tokens == {"a": 300} and q.counters()["a"] == 300 and q.in_flight == 0
+
+
+async def test_a_scrape_with_room_again_raises_the_cap_and_then_lifts_it() -> None:
+    q, held = saturated_queue(2)
+    waiters = [asyncio.create_task(q.acquire("a", "bulk", 10)) for _ in range(6)]
+    await settle_loop()
+    q.on_state_change([FakeReplica(waiting=0)])
+    assert q.limit == 2 + 4
+    await settle_loop()
+    assert sum(t.done() for t in waiters) == 4
+    q.on_state_change([FakeReplica(waiting=0)])
+    await settle_loop()
+    assert all(t.done() for t in waiters) and q.queue_len == 0
+    q.on_state_change([FakeReplica(waiting=0)])
+    assert q.limit is None
+    for t in [*held, *(w.result() for w in waiters)]:
+        t.release()
+
+
+async def test_excess_in_the_engines_lowers_the_cap_below_what_is_in_flight() -> None:
+    q = AdmissionQueue(CFG)
+    held = [q.try_admit("a", "bulk", 1) for _ in range(20)]
+    q.on_state_change([FakeReplica(waiting=10, running=10)])
+    assert q.limit == 14
+    assert q.try_admit("b", "bulk", 1) is None
+    for t in held[:7]:
+        t.release()  # type: ignore[union-attr]
+    assert q.try_admit("b", "bulk", 1) is not None
+
+
+async def test_the_in_flight_token_cap_queues_but_always_lets_one_through() -> None:
+    cfg = AdmissionConfig(enabled=True, max_in_flight_tokens=1000)
+    q = AdmissionQueue(cfg)
+    big = q.try_admit("a", "bulk", 5000)
+    assert big is not None  # larger than the cap, but the pool was idle
+    task = asyncio.create_task(q.acquire("b", "bulk", 10))
+    await settle_loop()
+    assert not task.done()
+    big.release()
+    assert (await asyncio.wait_for(task, 1)).tenant == "b"
+
+
+async def test_waits_are_measured_and_reported() -> None:
+    clock = FakeClock()
+    seen: list[tuple[str, str, float]] = []
+    q, held = saturated_queue(1, clock=clock, on_wait=lambda t, c, s: seen.append((t, c, s)))
+    task = asyncio.create_task(q.acquire("a", "interactive", 10))
+    await settle_loop()
+    clock.advance(0.25)
+    held[0].release()
+    ticket = await task
+    assert ticket.waited_s == pytest.approx(0.25)
+    assert seen == [("a", "interactive", pytest.approx(0.25))]
+    assert q.waits["a"].count == 1 and q.waits["a"].max_s == pytest.approx(0.25)
+    assert set(q.shares()) == {"warm", "a"}
+
+
+async def test_retry_after_follows_the_release_rate() -> None:
+    clock = FakeClock()
+    q, held = saturated_queue(1, clock=clock)
+    for _ in range(10):  # ten requests through one slot, one every 0.1 s: 10 releases per second
+        task = asyncio.create_task(q.acquire("x", "bulk", 1))
+        await settle_loop()
+        clock.advance(0.1)
+        held[0].release()
+        held[0] = await task
+    waiting = [asyncio.create_task(q.acquire("x", "bulk", 1)) for _ in range(20)]
+    await settle_loop()
+    assert q.retry_after_s("x", "bulk") == pytest.approx(2.1, rel=0.05)  # behind its own 20
+    assert q.retry_after_s("new", "bulk") == pytest.approx(0.2, rel=0.05)  # alternates with x
+    for t in waiting:
+        t.cancel()
+
+
+async def test_random_arrivals_cancellations_and_deadlines_leak_nothing() -> None:
+    rng = random.Random(7)
+    q = AdmissionQueue(AdmissionConfig(enabled=True, max_queue_len=20))
+    q.on_state_change(IDLE)
+
+    async def client(i: int) -> None:
+        try:
+            async with q.admit(f"t{i % 3}", rng.choice(["interactive", "bulk"]), rng.randint(1, 100),
+                               deadline_s=rng.choice([0.005, 0.05, 1.0])) as ticket:  # fmt: skip
+                await asyncio.sleep(rng.random() * 0.01)
+                ticket.settle(rng.randint(1, 100))
+        except AdmissionRejected:
+            pass
+
+    tasks = []
+    for i in range(300):
+        tasks.append(asyncio.create_task(client(i)))
+        if i == 20:
+            q.on_state_change([FakeReplica(waiting=30)])  # saturate: cap = in flight - excess
+        if rng.random() < 0.2:
+            rng.choice(tasks).cancel()
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert q.in_flight == 0 and q.in_flight_tokens == 0 and q.queue_len == 0
