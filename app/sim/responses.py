@@ -130,7 +130,10 @@ class ResponsesSurface:
             raise _validation_error("background can only be used when `store` is true", "background")
         if body.get("prompt") is not None:
             raise _validation_error("prompt template is not supported", "prompt")
-        v = BodyErrors(body)
+        seen = dict(body)
+        if not body.get("tools") and body.get("tool_choice", "auto") in ("auto", "none"):
+            seen["tool_choice"] = "none"  # a before-validator sets it, so pydantic's errors count it in the input
+        v = BodyErrors(seen)
         inp = body.get("input")
         if "input" not in body:
             v.missing("input")

@@ -174,11 +174,11 @@ class ResponseEvents:
         self.on_done: Any = None  # called with the final response object (the store)
 
     def _event(self, obj: dict[str, Any]) -> bytes:
-        # Key order as vLLM: the event's fields alphabetically with sequence_number and type last.
+        # vLLM's event models (the openai SDK's) declare their fields alphabetically; sequence_number included.
         obj["sequence_number"] = self.seq
         self.seq += 1
-        kind = obj["type"] = obj.pop("type")
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+        kind: str = obj["type"]
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(dict(sorted(obj.items()))) + b"\n\n"
 
     def head(self) -> bytes:
         """response.created and response.in_progress."""
