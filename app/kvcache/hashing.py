@@ -150,6 +150,15 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def chain_digest(parent: bytes, block: Sequence[int], algo: HashAlgo = "sha256_cbor") -> bytes:
+    """The digest of one full block after `parent`, for blocks past the first without LoRA (no extra keys)."""
+    if algo == "sha256_cbor":
+        return _sha256_cbor_block(parent, block, b"\xf6")
+    if algo == "sha256":
+        return _sha256_pickle_block(parent, block, None)
+    raise ValueError(f"unsupported prefix-caching hash algorithm {algo!r} (use sha256_cbor or sha256)")
+
+
 def to_event_hash(digest: bytes) -> int:
     """The int vLLM publishes in KV events for a digest: its low 64 bits, big-endian."""
     return int.from_bytes(digest, "big") & _MASK64
