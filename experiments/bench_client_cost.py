@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.bench import BenchSpec, run_bench  # noqa: E402
 from app.bench import client as bench_client  # noqa: E402
+from app.bench.apis import apply_usage, chat_delta  # noqa: E402
 from app.bench.spec import RequestRecord  # noqa: E402
 
 SERVER = """
@@ -57,9 +58,9 @@ async def _readline_stream(self: bench_client.BenchClient, resp: aiohttp.ClientR
         event = orjson.loads(data)
         usage = event.get("usage")
         if isinstance(usage, dict):
-            bench_client._apply_usage(rec, usage)
+            apply_usage("chat", rec, usage)
         for choice in event.get("choices") or ():
-            text = bench_client._delta_text(choice)
+            text = chat_delta(choice)
             if text is None:
                 continue
             now = time.perf_counter()

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from rich.console import Console
 
+from app.bench.apis import API_NAMES
 from app.bench.plot import plot_result
 from app.bench.pricing import PriceConfigError, load_pricing
 from app.bench.report import BenchResult, sweep_json
@@ -72,6 +73,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
     load = p.add_argument_group("workload and load")
     load.add_argument("--workload", choices=WORKLOADS, default="chat")
+    load.add_argument("--api", choices=API_NAMES, default="chat",
+                      help="send the workload as chat completions, Responses (/v1/responses) or Anthropic "
+                           "Messages (/v1/messages); usage and cached tokens come from that API's own fields")
     load.add_argument("--no-volatile", action="store_true",
                       help="agent without its volatile header and with fixed tool order (= agent-static)")
     shape = load.add_mutually_exclusive_group()
@@ -128,7 +132,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     workload = "agent-static" if args.no_volatile and args.workload == "agent" else args.workload
     keys = tuple(k.strip() for k in args.api_keys.split(",") if k.strip()) if args.api_keys else ()
     return BenchSpec(
-        base_url=args.base_url, workload=workload, model=args.model, api_key=args.api_key, api_keys=keys,
+        base_url=args.base_url, workload=workload, api=args.api, model=args.model, api_key=args.api_key, api_keys=keys,
         tenants=args.tenants, concurrency=args.concurrency[0], rate=args.rate, requests=args.requests,
         warmup=max(args.warmup, 0),
         duration_s=args.duration, seed=args.seed, max_tokens=args.max_tokens, mixed_ratio=args.mixed_ratio,

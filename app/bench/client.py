@@ -1,13 +1,13 @@
-"""One aiohttp session that sends chat completions and measures them (streaming SSE or not)."""
+"""One aiohttp session that sends requests (chat, Responses or Messages) and measures them, streaming SSE or not."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import aiohttp
 import orjson
 
+from app.bench.apis import PATHS, STREAM_READERS, to_body, whole_text
 from app.bench.spec import RequestRecord
 from app.bench.workloads import BenchRequest
 
@@ -29,32 +29,16 @@ def _error_message(raw: bytes) -> str:
     return raw[:200].decode("utf-8", "replace")
 
 
-def _apply_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
-    rec.usage_reported = True
-    rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    rec.output_tokens = int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
-    rec.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-
-
-def _delta_text(choice: dict[str, Any]) -> str | None:
-    """Text a streamed choice carries, or None when it carries no token (role-only or finish chunks)."""
-    delta = choice.get("delta")
-    if not delta:
-        return None
-    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-    if text:
-        return str(text)
-    if delta.get("tool_calls"):
-        return ""
-    return None
-
-
 class BenchClient:
     """Sends BenchRequests to an OpenAI-compatible API; create inside a running loop, close when done."""
 
-    def __init__(self, base_url: str, connections: int, timeout_s: float) -> None:
+    def __init__(self, base_url: str, connections: int, timeout_s: float, api: str = "chat") -> None:
+        if api not in PATHS:
+            raise ValueError(f"unknown api {api!r}")
         self.root = api_root(base_url)
+        self.api = api
+        self._url = self.root + PATHS[api]
+        self._on_event = STREAM_READERS[api]
         connector = aiohttp.TCPConnector(limit=max(connections, 1), limit_per_host=0, force_close=False)
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -83,11 +67,11 @@ class BenchClient:
         headers = {"Content-Type": "application/json", **req.headers}
         if req.api_key:
             headers["Authorization"] = f"Bearer {req.api_key}"
-        payload = orjson.dumps(req.body)
+        payload = orjson.dumps(to_body(self.api, req.body))
         start = time.perf_counter()
         rec.start_s = start - t0
         try:
-            async with self._session.post(f"{self.root}/chat/completions", data=payload, headers=headers) as resp:
+            async with self._session.post(self._url, data=payload, headers=headers) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {_error_message(await resp.read())}"
@@ -105,11 +89,7 @@ class BenchClient:
         raw = await resp.read()
         end = time.perf_counter()
         rec.e2e_s = rec.ttft_s = end - start
-        data = orjson.loads(raw)
-        if isinstance(data.get("usage"), dict):
-            _apply_usage(rec, data["usage"])
-        choices = data.get("choices") or []
-        text = str((choices[0].get("message") or {}).get("content") or "") if choices else ""
+        text = whole_text(self.api, orjson.loads(raw), rec)
         rec.ok = True
         return text
 
@@ -118,6 +98,7 @@ class BenchClient:
         buf = b""
         last_token_at = 0.0
         done = False
+        on_event = self._on_event
         # Split whole reads ourselves: several events in one read cost one await, not one per line. With one
         # event per read it costs the same as readline, ~27 µs of CPU per chunk (experiments/bench_client_cost.py).
         async for chunk in resp.content.iter_any():
@@ -126,6 +107,8 @@ class BenchClient:
             if b"\n" not in chunk:
                 continue
             *lines, buf = buf.split(b"\n")
+            # The one SSE framer for all three APIs: every event's payload is on its `data:` line (Responses and
+            # Messages repeat the event name inside it as `type`), so `event:` lines are skipped.
             for line in lines:
                 if not line.startswith(b"data:"):
                     continue
@@ -137,17 +120,12 @@ class BenchClient:
                     event = orjson.loads(data)
                 except orjson.JSONDecodeError:
                     continue
-                if "error" in event and not event.get("choices"):
-                    rec.error = "stream error: " + _error_message(data)
+                text, finished, error = on_event(event, rec)
+                if error is not None:
+                    rec.error = "stream error: " + error
                     rec.e2e_s = now - start
                     return "".join(parts)
-                usage = event.get("usage")
-                if isinstance(usage, dict):
-                    _apply_usage(rec, usage)
-                for choice in event.get("choices") or ():
-                    text = _delta_text(choice)
-                    if text is None:
-                        continue
+                if text is not None:
                     parts.append(text)
                     rec.token_chunks += 1
                     if rec.ttft_s is None:
@@ -155,6 +133,9 @@ class BenchClient:
                     else:
                         rec.itl_s.append(now - last_token_at)
                     last_token_at = now
+                if finished:
+                    done = True
+                    break
             if done:
                 break
         end = time.perf_counter()

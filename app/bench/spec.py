@@ -29,6 +29,7 @@ class BenchSpec:
 
     base_url: str
     workload: str = "chat"
+    api: str = "chat"  # chat | responses | messages: which API carries the workload (app/bench/apis.py)
     model: str | None = None  # None: the first id from GET /v1/models
     api_key: str | None = None
     api_keys: tuple[str, ...] = ()
