@@ -342,8 +342,9 @@ def test_every_image_is_pinned(overlay: str) -> None:
                 assert repo and "/" not in tag and re.search(r"\d", tag) and tag != "latest", c["image"]
 
 
-def test_images_are_the_compose_stack_images() -> None:
-    stack, objs = effective_compose(COMPOSE)["services"], objects("gpu")
+@pytest.mark.parametrize(("overlay", "files"), [("gpu", (COMPOSE,)), ("cpu", (COMPOSE, COMPOSE_CPU))], ids=["gpu", "cpu"])
+def test_images_are_the_compose_stack_images(overlay: str, files: tuple[Path, ...]) -> None:
+    stack, objs = effective_compose(*files)["services"], objects(overlay)
     pairs = {
         "gateway": ("Deployment", "gateway"), "vllm-fast": ("Deployment", "vllm-fast"),
         "vllm-bulk": ("Deployment", "vllm-bulk"), "redis": ("StatefulSet", "redis"),
