@@ -16,7 +16,7 @@ import uvicorn
 
 from app.config import ConfigError, GatewayConfig, load_config
 
-# The lab commands: their module, and the optional extra (pyproject.toml) whose packages they import.
+# The lab commands: module and help line. Each needs the optional extra of its own name (pyproject.toml).
 LAB_COMMANDS = {
     "bench": ("app.bench.cli", "load-test an OpenAI-compatible URL: TTFT, TPOT, throughput, $/M tokens"),
     "sim": ("app.sim.cli", "emulate a vLLM server (batching, paged KV with prefix caching, speculative decoding)"),
@@ -157,31 +157,38 @@ def missing_extra(extra: str) -> list[str]:
     return missing
 
 
+def _missing_extra_message(command: str, missing: Sequence[str]) -> str:
+    return (f"kvgate {command} needs the '{command}' extra (missing: {', '.join(missing)}); "
+            f"install it with: pip install 'kvgate[{command}]'")  # fmt: skip
+
+
 def _needs_extra(command: str, missing: Sequence[str]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        print(f"kvgate {command} needs the '{command}' extra (missing: {', '.join(missing)}); "
-              f"install it with: pip install 'kvgate[{command}]'", file=sys.stderr)  # fmt: skip
+    def run(_args: argparse.Namespace) -> int:
+        print(_missing_extra_message(command, missing), file=sys.stderr)
         return 2
 
     return run
 
 
+def _load_lab_command(name: str) -> tuple[Any, list[str]]:
+    """The lab command's module, or None and the distributions its extra still needs."""
+    missing = missing_extra(name)
+    if missing:
+        return None, missing
+    try:
+        return importlib.import_module(LAB_COMMANDS[name][0]), []
+    except ModuleNotFoundError as err:  # kvgate run from a checkout without its metadata
+        if (err.name or "app").split(".")[0] == "app":
+            raise
+        return None, [err.name or "?"]
+
+
 def _add_lab_command(sub: Any, name: str, load: bool) -> None:
-    module, help_text = LAB_COMMANDS[name]
-    p = sub.add_parser(name, help=help_text)
+    p = sub.add_parser(name, help=LAB_COMMANDS[name][1])
     if not load:  # not the command being run: its help line is enough
         return
-    missing = missing_extra(name)
-    mod = None
-    if not missing:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as err:  # kvgate run from a checkout without its metadata
-            if (err.name or "app").split(".")[0] == "app":
-                raise
-            missing = [err.name or "?"]
+    mod, missing = _load_lab_command(name)
     if mod is None:
-        p.add_argument("args", nargs=argparse.REMAINDER)
         p.set_defaults(func=_needs_extra(name, missing))
         return
     mod.configure_parser(p)
@@ -213,6 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kvgate` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command in LAB_COMMANDS:
+        # Before parsing: without the extra the command's own flags are unknown, and its help cannot be built.
+        _, missing = _load_lab_command(command)
+        if missing:
+            return _needs_extra(command, missing)(argparse.Namespace())
     args = build_parser(command if command in LAB_COMMANDS else "").parse_args(argv)
     return int(args.func(args))
 
