@@ -68,7 +68,13 @@ pytestmark = pytest.mark.skipif(kubectl() is None, reason="no kubectl (dev extra
 def render_command(overlay: str) -> list[str]:
     """The documented render command (docs/deploy.md) for an overlay."""
     # The configs live in config/ and grafana/, outside deploy/: kustomize must be allowed to read them.
-    return [kubectl() or "kubectl", "kustomize", "--load-restrictor", "LoadRestrictionsNone", f"deploy/overlays/{overlay}"]
+    return [
+        kubectl() or "kubectl",
+        "kustomize",
+        "--load-restrictor",
+        "LoadRestrictionsNone",
+        f"deploy/overlays/{overlay}",
+    ]
 
 
 @functools.cache
@@ -150,7 +156,9 @@ def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 def workloads_behind(objs: list[dict[str, Any]], service: dict[str, Any]) -> list[dict[str, Any]]:
     """The workloads whose pods a Service selects."""
     sel = service["spec"].get("selector") or {}
-    return [o for o in objs if o["kind"] in WORKLOADS and sel and selects(sel, o["spec"]["template"]["metadata"]["labels"])]
+    return [
+        o for o in objs if o["kind"] in WORKLOADS and sel and selects(sel, o["spec"]["template"]["metadata"]["labels"])
+    ]
 
 
 def service_for(objs: list[dict[str, Any]], host: str) -> dict[str, Any]:
@@ -342,7 +350,9 @@ def test_every_image_is_pinned(overlay: str) -> None:
                 assert repo and "/" not in tag and re.search(r"\d", tag) and tag != "latest", c["image"]
 
 
-@pytest.mark.parametrize(("overlay", "files"), [("gpu", (COMPOSE,)), ("cpu", (COMPOSE, COMPOSE_CPU))], ids=["gpu", "cpu"])
+@pytest.mark.parametrize(
+    ("overlay", "files"), [("gpu", (COMPOSE,)), ("cpu", (COMPOSE, COMPOSE_CPU))], ids=["gpu", "cpu"]
+)
 def test_images_are_the_compose_stack_images(overlay: str, files: tuple[Path, ...]) -> None:
     stack, objs = effective_compose(*files)["services"], objects(overlay)
     pairs = {
@@ -408,9 +418,11 @@ def test_gateway_replicas_reach_each_pools_engine_service_on_its_listen_port(ove
             assert int(flag(argv(objs, c), "--port") or 8000) == target, f"{url}: engine listens elsewhere"
             # The headless twin every pool has, for per-pod scraping and DNS discovery.
             pods = exact(objs, "Service", f"{host}-pods")
-            assert pods and pods["spec"]["clusterIP"] == "None" and pods["spec"]["selector"] == service_for(
-                objs, host
-            )["spec"]["selector"]
+            assert (
+                pods
+                and pods["spec"]["clusterIP"] == "None"
+                and pods["spec"]["selector"] == service_for(objs, host)["spec"]["selector"]
+            )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -475,7 +487,9 @@ def test_gateway_drains_before_it_stops_and_rolls_without_losing_capacity() -> N
     sleep = c["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep[0] == "sleep" and int(sleep[1]) >= 30
     # uvicorn's own grace after SIGTERM, as `kvgate serve` sets it.
-    uvicorn_grace = int(re.search(r"timeout_graceful_shutdown=(\d+)", (ROOT / "app" / "cli.py").read_text())[1])
+    found = re.search(r"timeout_graceful_shutdown=(\d+)", (ROOT / "app" / "cli.py").read_text())
+    assert found, "kvgate serve must bound uvicorn's graceful shutdown"
+    uvicorn_grace = int(found[1])
     assert pod_spec(gw)["terminationGracePeriodSeconds"] > int(sleep[1]) + uvicorn_grace
     assert gw["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     pdb = named(objs, "PodDisruptionBudget", "gateway")
@@ -626,7 +640,9 @@ def test_prometheus_scrape_targets_are_services_and_ports_that_exist(overlay: st
                 [w] = workloads_behind(objs, svc)
                 container_port(pod_spec(w)["containers"][0], sd["port"])
     collector = jobs["otel-collector"]["static_configs"][0]["targets"][0]
-    conf = yaml.safe_load(mounted_file(objs, named(objs, "Deployment", "otel-collector"), "/etc/otelcol-contrib/config.yaml"))
+    conf = yaml.safe_load(
+        mounted_file(objs, named(objs, "Deployment", "otel-collector"), "/etc/otelcol-contrib/config.yaml")
+    )
     assert host_port(collector, 80)[1] == host_port(conf["exporters"]["prometheus"]["endpoint"], 80)[1]
     assert jobs["otel-collector"]["honor_labels"] is True
     [gw_sd] = jobs["gateway"]["dns_sd_configs"]
@@ -694,7 +710,9 @@ def test_servicemonitors_select_the_services_and_ports_the_scrape_config_uses() 
     [vllm_ep] = monitors["kvgate-vllm"]["spec"]["endpoints"]
     [pool_rule] = [r for r in vllm_ep["relabelings"] if r["targetLabel"] == "pool"]
     # The operator exposes Service labels as __meta_kubernetes_service_label_<name, non-alnum → _>.
-    assert pool_rule["sourceLabels"] == ["__meta_kubernetes_service_label_" + re.sub(r"[^A-Za-z0-9]", "_", "kvgate/pool")]
+    assert pool_rule["sourceLabels"] == [
+        "__meta_kubernetes_service_label_" + re.sub(r"[^A-Za-z0-9]", "_", "kvgate/pool")
+    ]
     [gw_ep] = monitors["kvgate-gateway"]["spec"]["endpoints"]
     assert [r["regex"] for r in gw_ep["metricRelabelings"] if r["action"] == "drop"] == [_compose_drop_regex()]
     assert monitors["kvgate-otel-collector"]["spec"]["endpoints"][0]["honorLabels"] is True
@@ -706,10 +724,12 @@ def test_dashboards_configmap_holds_every_dashboard_byte_identical(overlay: str)
     assert set(data(cm)) == {p.name for p in DASHBOARDS}
     for path in DASHBOARDS:
         assert data(cm)[path.name].encode() == path.read_bytes(), path.name
-    assert DASHBOARDS == sorted((ROOT / "grafana" / "dashboards").iterdir()), "every file there is a dashboard"
+    assert sorted((ROOT / "grafana" / "dashboards").iterdir()) == DASHBOARDS, "every file there is a dashboard"
     if overlay == "prometheus-operator":
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1", "for Grafana's dashboard sidecar"
-        ds = yaml.safe_load(data(named(objects(overlay), "ConfigMap", "grafana-datasource-kvgate"))["kvgate-datasource.yaml"])
+        ds = yaml.safe_load(
+            data(named(objects(overlay), "ConfigMap", "grafana-datasource-kvgate"))["kvgate-datasource.yaml"]
+        )
         assert {d["uid"] for d in ds["datasources"]} == {_dashboard_datasource_uid()}
 
 
@@ -748,8 +768,12 @@ def test_collector_config_is_the_compose_file_and_its_ports_are_served(overlay: 
     text = mounted_file(objs, collector, path)
     assert text == (ROOT / "config" / "otel-collector.yaml").read_text()
     conf = yaml.safe_load(text)
-    endpoints = [*(p["endpoint"] for p in conf["receivers"]["otlp"]["protocols"].values()),
-                 conf["exporters"]["prometheus"]["endpoint"], conf["extensions"]["health_check"]["endpoint"]]  # fmt: skip
+    receivers = [p["endpoint"] for p in conf["receivers"]["otlp"]["protocols"].values()]
+    endpoints = [
+        *receivers,
+        conf["exporters"]["prometheus"]["endpoint"],
+        conf["extensions"]["health_check"]["endpoint"],
+    ]
     declared = {p["containerPort"] for p in c["ports"]}
     assert {host_port(e, 0)[1] for e in endpoints} == declared
     assert container_port(c, c["livenessProbe"]["httpGet"]["port"]) == host_port(endpoints[-1], 0)[1]
