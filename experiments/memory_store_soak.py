@@ -10,13 +10,19 @@ checkout's, "new" is the checkout. The gateway runs alone on core 0, the upstrea
 Every 5-second window prints answers/s (counted by wrk as they arrive), the gateway's CPU ms per answer
 (its own utime+stime) and its RSS; then a table of windows: old req/s, new req/s, new/old ratio.
 
+`--store-only` measures just the store, in this process: `--requests` settles (one spend record each,
+real clock) on each arm's MemoryStore, CPU µs per settle per 10k-settle batch and the id count, each arm
+bounded by `--max-seconds`. It needs no free core, so it still reads true on a busy machine.
+
     .venv/bin/python experiments/memory_store_soak.py [--requests 200000] [--concurrency 64]
-        [--max-seconds 180] [--baseline REV] [--arms old,new]
+        [--max-seconds 180] [--baseline REV] [--arms old,new] [--store-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -26,11 +32,16 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 
 import yaml
 from procs import Proc, free_port
+
+from app.store.base import SpendRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -241,6 +252,64 @@ def report(old: Arm | None, new: Arm | None) -> None:
               f"{1000 * cpu / max(arm.ok, 1):.2f} CPU ms/req; wrk: {arm.summary}")
 
 
+@dataclass
+class Batch:
+    """One batch of settles on one arm's store."""
+
+    settles: int
+    cpu_s: float
+    ids: int
+
+    @property
+    def cpu_us(self) -> float:
+        """CPU µs per settle."""
+        return 1e6 * self.cpu_s / self.settles if self.settles else float("nan")
+
+
+async def store_arm(module: ModuleType, n: int, max_s: float, batch: int = 10_000) -> list[Batch]:
+    """Settle up to `n` spend records on a fresh MemoryStore from `module`, timing CPU per batch."""
+    store = module.MemoryStore()
+    day = datetime.now(UTC).date().isoformat()
+    out: list[Batch] = []
+    start = time.process_time()
+    done = 0
+    while done < n and time.process_time() - start < max_s:
+        t0, k = time.process_time(), 0
+        while k < batch and time.process_time() - start < max_s:
+            await store.settle(None, SpendRecord(uuid.uuid4().hex, "anonymous", day, "fast", 120, 8, 32, 16))
+            k += 1
+        out.append(Batch(k, time.process_time() - t0, len(store._seen)))
+        done += k
+    return out
+
+
+def store_report(arms: dict[str, list[Batch]], batch: int = 10_000) -> None:
+    """Per-batch CPU µs per settle, old vs new."""
+    old, new = arms.get("old", []), arms.get("new", [])
+    print("\n| settles | old µs/settle | new µs/settle | old/new | old ids kept | new ids kept |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for i in range(max(len(old), len(new))):
+        o, w = (old[i] if i < len(old) else None), (new[i] if i < len(new) else None)
+        ratio = f"{o.cpu_us / w.cpu_us:.2f}x" if o and w and w.cpu_s > 0 else "-"
+        print(f"| {i * batch}-{(i + 1) * batch} "
+              f"| {f'{o.cpu_us:.1f}' if o else '-'} | {f'{w.cpu_us:.1f}' if w else '-'} "
+              f"| {ratio} | {o.ids if o else '-'} | {w.ids if w else '-'} |")
+    for name, rows in arms.items():
+        n, cpu = sum(b.settles for b in rows), sum(b.cpu_s for b in rows)
+        print(f"{name}: {n} settles in {cpu:.1f} CPU s = {1e6 * cpu / max(n, 1):.1f} µs/settle "
+              f"(last batch {rows[-1].settles} settles)")
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import a memory.py file under its own name (it imports app.store.base like the checkout's)."""
+    spec = importlib.util.spec_from_file_location("memory_baseline", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main() -> None:
     """Run the arms once each and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,6 +318,7 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=180.0, help="stop an arm after this long regardless")
     ap.add_argument("--baseline", default=None, help="git revision of the old app/store/memory.py")
     ap.add_argument("--arms", default="old,new")
+    ap.add_argument("--store-only", action="store_true", help="time the store alone, in this process")
     args = ap.parse_args()
     arms = args.arms.split(",")
     baseline = args.baseline or default_baseline()
@@ -256,6 +326,14 @@ def main() -> None:
         tmp = Path(d)
         old_file = tmp / "memory_old.py"
         old_file.write_text(git("show", f"{baseline}:app/store/memory.py"))
+        if args.store_only:
+            import app.store.memory as current
+
+            print(f"store only: baseline {baseline} vs checkout; {args.requests} settles or "
+                  f"{args.max_seconds:.0f} CPU s per arm", flush=True)
+            modules = {"old": load_module(old_file), "new": current}
+            store_report({a: asyncio.run(store_arm(modules[a], args.requests, args.max_seconds)) for a in arms})
+            return
         up_port = free_port()
         upstream = Proc("upstream", f"http://127.0.0.1:{up_port}",
                         ["taskset", "-c", LOAD_CORE, PY, str(ROOT / "experiments" / "instant_upstream.py"),
