@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from app.prompt import PromptView
+from app.store.base import LimitReason, LimitSpec
+
+if TYPE_CHECKING:
+    from app.api.surfaces.base import Surface
+    from app.routing.state import ReplicaState
 
 Operation = Literal["chat", "text_completion", "embeddings"]
 RouteClass = Literal["interactive", "bulk"]
@@ -81,7 +88,7 @@ class ClassDecision:
 
 @dataclass(slots=True)
 class RouteDecision:
-    """Where the request goes: pool, replica, and why."""
+    """Where the request goes: pool, replica (its URL, and the state the dispatcher leases), and why."""
 
     pool: str
     replica: str
@@ -92,6 +99,7 @@ class RouteDecision:
     priority: int | None = None
     attempt: int = 1
     detail: str = ""  # why it left the home pool (spill/failover), for the span
+    target: ReplicaState | None = None  # set by pick; None only in records built outside routing
 
 
 @dataclass(slots=True)
@@ -100,10 +108,22 @@ class Timing:
 
     start: float = 0.0
     upstream_start: float = 0.0
-    first_byte: float = 0.0
     first_token: float = 0.0
     end: float = 0.0
     upstream_busy: float = 0.0  # seconds spent waiting on the upstream, excluded from overhead
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the limits stage granted; settle hands it back to release and reconcile."""
+
+    tenant_id: str
+    lease_id: str  # also the spend record's id
+    spec: LimitSpec
+    lease_taken: bool = False
+    tokens_reserved: int = 0
+    enforced: bool = True  # False: the store was unreachable and fail_mode is open
+    degraded: LimitReason | None = None  # over a limit, served degraded (bulk, capped max_tokens)
 
 
 @dataclass(slots=True)
@@ -111,13 +131,14 @@ class RequestContext:
     """Everything known about one request; created by the api stage, completed by settle."""
 
     request_id: str
-    operation: Operation
+    surface: Surface
     path: str
     body: dict[str, Any]
     model: str
     stream: bool
     client_wants_usage: bool
     headers: dict[str, str]
+    prompt: PromptView = field(default_factory=PromptView)
     timing: Timing = field(default_factory=Timing)
     tenant: Tenant | None = None
     estimated_input_tokens: int = 0
@@ -133,9 +154,17 @@ class RequestContext:
     finish_reasons: list[str] = field(default_factory=list)
     cost_usd: float = 0.0
     savings_usd: float = 0.0
-    extra_response_headers: dict[str, str] = field(default_factory=dict)
-    # Set by the limits stage, consumed by settle; settled guards against settling twice.
-    admission: Any = None
+    admission: Admission | None = None
     settled: bool = False
     # Whether an upstream call was made at all (telemetry tells rejections from upstream failures).
     upstream_called: bool = False
+
+    @property
+    def operation(self) -> Operation:
+        """The GenAI operation name (chat, text_completion, embeddings)."""
+        return self.surface.operation
+
+    @property
+    def tenant_id(self) -> str:
+        """The paying tenant's id ("anonymous" before tenancy ran)."""
+        return self.tenant.id if self.tenant is not None else "anonymous"

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from app.config import PriceConfig, ReferencePrice
 from app.context import Usage
+from app.headers import COST_USD
 
 _PER_M = 1_000_000.0
 _SECONDS_PER_HOUR = 3600.0
 
-COST_HEADER = "x-kvgate-cost-usd"
+COST_HEADER = COST_USD
 
 
 @dataclass(frozen=True, slots=True)

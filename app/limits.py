@@ -25,80 +25,32 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import orjson
-
 from app.config import LimitsConfig
-from app.context import ClassDecision, RequestContext
-from app.errors import GatewayError
+from app.context import Admission, RequestContext
+from app.errors import GatewayError, store_unavailable
+from app.headers import LIMIT, RETRY_AFTER
+from app.prompt import CHARS_PER_TOKEN, PromptView
 from app.spend import SpendLedger, spend_record
 from app.store.base import MICROS_PER_USD, LimitReason, LimitSpec, Release, Store, StoreUnavailable
-from app.tenancy import ANONYMOUS, TenantRegistry, store_unavailable
+from app.tenancy import TenantRegistry
 
 log = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4
-TOKENS_PER_MESSAGE = 4
+# OpenAI's output caps, newest first; other surfaces pass their own (Responses: max_output_tokens).
+OUTPUT_CAP_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
-@dataclass(slots=True)
-class Admission:
-    """What admit granted; settle needs it back to release and reconcile."""
-
-    tenant_id: str
-    lease_id: str  # also the spend record's id
-    spec: LimitSpec
-    lease_taken: bool = False
-    tokens_reserved: int = 0
-    enforced: bool = True  # False: the store was unreachable and fail_mode is open
-    degraded: LimitReason | None = None
-
-
-def _text_chars(content: Any) -> int:
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        total = 0
-        for part in content:
-            if isinstance(part, str):
-                total += len(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                total += len(part["text"])
-            elif isinstance(part, int):  # a pre-tokenized prompt: one token each
-                total += CHARS_PER_TOKEN
-            elif isinstance(part, list):
-                total += _text_chars(part)
-        return total
-    return 0
-
-
-def estimate_input_tokens(body: dict[str, Any]) -> int:
+def estimate_input_tokens(view: PromptView) -> int:
     """Prompt tokens a request will likely use, before any tokenizer runs (see module doc)."""
-    chars = 0
-    framing = 0
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for m in messages:
-            if not isinstance(m, dict):
-                continue
-            framing += TOKENS_PER_MESSAGE
-            chars += _text_chars(m.get("content"))
-            if m.get("tool_calls"):
-                chars += len(orjson.dumps(m["tool_calls"]))
-    for key in ("prompt", "input"):
-        chars += _text_chars(body.get(key))
-    for key in ("tools", "functions"):
-        if body.get(key):
-            chars += len(orjson.dumps(body[key]))
-    return math.ceil(chars / CHARS_PER_TOKEN) + framing
+    return math.ceil((view.text_chars + view.tool_chars) / CHARS_PER_TOKEN) + view.framing_tokens
 
 
-def max_output_tokens(body: dict[str, Any]) -> int:
+def max_output_tokens(body: dict[str, Any], fields: tuple[str, ...] = OUTPUT_CAP_FIELDS) -> int:
     """The most output tokens a request may produce (0 if it sets no cap)."""
-    cap = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    cap = next((body[f] for f in fields if body.get(f)), 0)
     n = body.get("n") or 1
     if not isinstance(cap, int) or not isinstance(n, int):
         return 0
@@ -123,16 +75,16 @@ def seconds_to_next_month(now: datetime) -> float:
     return (nxt - now).total_seconds()
 
 
-def cap_max_tokens(body: dict[str, Any], cap: int) -> None:
-    """Lower the request's output cap to `cap` (setting max_tokens if it had none)."""
+def cap_max_tokens(body: dict[str, Any], cap: int, fields: tuple[str, ...] = OUTPUT_CAP_FIELDS) -> None:
+    """Lower the request's output cap to `cap` (setting the last of `fields` if it had none)."""
     present = False
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in fields:
         value = body.get(key)
         if isinstance(value, int):
             body[key] = min(value, cap)
             present = True
     if not present:
-        body["max_tokens"] = cap
+        body[fields[-1]] = cap
 
 
 _MESSAGES: dict[LimitReason, tuple[str, str, str]] = {
@@ -152,7 +104,8 @@ def limit_error(reason: LimitReason, tenant_id: str, retry_after_s: float) -> Ga
         f"{text} for tenant {tenant_id}. Please try again in {retry}s.",
         type=type_,
         code=code,
-        headers={"Retry-After": str(retry), "x-kvgate-limit": f"rejected:{reason}"},
+        headers={RETRY_AFTER: str(retry), LIMIT: f"rejected:{reason}"},
+        reason=reason,
     )
 
 
@@ -175,17 +128,26 @@ class Limiter:
         self._fail_mode: Literal["open", "closed"] = "open" if fail_mode == "open" else "closed"
         self.ledger = ledger or SpendLedger(store)
         self._lease_s = lease_s
+        self._specs: dict[str, LimitSpec] = {}
+
+    def _spec(self, tenant_id: str, limits: LimitsConfig) -> LimitSpec:
+        # Tenants' limits are fixed for the config's life: build each spec once.
+        spec = self._specs.get(tenant_id)
+        if spec is None:
+            spec = self._specs[tenant_id] = limit_spec(limits, self._lease_s)
+        return spec
 
     async def admit(self, ctx: RequestContext) -> Admission:
         """Estimate tokens, check every limit in one store call; raise 429/503 or degrade."""
-        tenant_id = ctx.tenant.id if ctx.tenant is not None else ANONYMOUS
+        tenant_id = ctx.tenant_id
         limits = self._registry.limits_for(tenant_id)
-        spec = limit_spec(limits, self._lease_s)
-        ctx.estimated_input_tokens = estimate_input_tokens(ctx.body)
+        spec = self._spec(tenant_id, limits)
+        ctx.estimated_input_tokens = estimate_input_tokens(ctx.prompt)
         admission = Admission(tenant_id, uuid.uuid4().hex, spec)
         if spec.unlimited:
             return admission
-        tokens = ctx.estimated_input_tokens + max_output_tokens(ctx.body)
+        cap_fields = ctx.surface.output_cap_fields
+        tokens = ctx.estimated_input_tokens + max_output_tokens(ctx.body, cap_fields)
         if spec.tpm is not None:
             tokens = min(tokens, spec.tpm)
         degrade = limits.on_exceed == "degrade"
@@ -210,8 +172,8 @@ class Limiter:
             retry = seconds_to_next_month(now) if result.reason == "budget" else result.retry_after_s
             raise limit_error(result.reason, tenant_id, retry)
         admission.degraded = result.reason
-        ctx.route_class = ClassDecision("bulk", "degraded")
-        cap_max_tokens(ctx.body, limits.degrade_max_tokens)
+        cap_max_tokens(ctx.body, limits.degrade_max_tokens, cap_fields)
+        # The class follows from admission.degraded in classify; the note tells the client why.
         ctx.limit_notes.append(f"degraded:{result.reason}:class=bulk:max_tokens={limits.degrade_max_tokens}")
         return admission
 

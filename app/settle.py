@@ -1,4 +1,9 @@
-"""The settle stage: usage → cost and savings, spend and limits reconciled in the store, spans and metrics."""
+"""The settle stage: usage → cost and savings, spend and limits reconciled in the store, spans and metrics.
+
+Entered once per request, at its end: `settle` when a response is complete (before a non-streaming reply
+leaves, so the cost header only shows acknowledged spend; after a stream's last event), `cancelled` when
+the client went away first. Both are idempotent: whichever comes first counts.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ _log = logging.getLogger(__name__)
 
 
 class Settler:
-    """Prices a finished request and hands it to the store and to telemetry, exactly once."""
+    """Prices a finished request once and hands it to the store and to telemetry, exactly once."""
 
     def __init__(
         self, cfg: GatewayConfig, registry: TenantRegistry, limiter: Limiter, telemetry: Telemetry
@@ -34,23 +39,20 @@ class Settler:
             self._reference[tenant_id] = prices
         return prices
 
-    def price(self, ctx: RequestContext) -> None:
-        """Set ctx.cost_usd and ctx.savings_usd from the usage the upstream reported (pure arithmetic)."""
+    def _price(self, ctx: RequestContext) -> None:
         if ctx.route is None or not ctx.usage.reported:
             return
         prices = self._pool_prices[ctx.route.pool]
         ctx.cost_usd = request_cost(ctx.usage, prices)
-        tenant_id = ctx.tenant.id if ctx.tenant is not None else "anonymous"
-        ctx.savings_usd = request_savings(ctx.usage, prices, self._reference_for(tenant_id))
+        ctx.savings_usd = request_savings(ctx.usage, prices, self._reference_for(ctx.tenant_id))
 
     async def settle(self, ctx: RequestContext) -> None:
-        """Record spend, release limits, end spans and record metrics; idempotent, never raises."""
+        """Price, record spend, release limits, end spans and record metrics; idempotent, never raises."""
         if ctx.settled:
             return
         ctx.settled = True
         ctx.timing.end = ctx.timing.end or time.perf_counter()
-        if not ctx.cost_usd:
-            self.price(ctx)
+        self._price(ctx)
         if ctx.admission is not None:
             try:
                 await self._limiter.settle(ctx, ctx.admission)
@@ -60,3 +62,11 @@ class Settler:
             self._telemetry.settle(ctx)
         else:
             self._telemetry.record_rejected(ctx, ctx.status, ctx.error_type or "rejected")
+
+    async def cancelled(self, ctx: RequestContext) -> None:
+        """The client went away before the response ended: settle what was used, as status 499."""
+        if ctx.settled:
+            return
+        ctx.status = 499
+        ctx.error_type = ctx.error_type or "client_disconnected"
+        await self.settle(ctx)

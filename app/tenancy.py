@@ -1,6 +1,6 @@
 """Tenancy: `Authorization: Bearer <key>` → tenant. Keys are kept only as sha256 hex digests.
 
-Lookups are cached in-process for `cache_ttl_s` (default 5 s), so a key revoked through another
+Lookups are cached in-process for `auth.key_cache_ttl_s` (default 5 s), so a key revoked through another
 gateway replica stops working here within that TTL; a revoke through this replica's admin API
 invalidates the cache at once. When the store is unreachable, keys listed in the config still
 resolve (from their hashes kept here) and so do cached keys; other keys get 503 (they cannot be
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from app.config import GatewayConfig, LimitsConfig, ReferencePrice, TenantConfig
 from app.context import Tenant
-from app.errors import GatewayError
+from app.errors import GatewayError, invalid_key, store_unavailable
 from app.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -52,16 +52,6 @@ def keys_match(presented: str, allowed_hashes: set[str]) -> bool:
     return any(hmac.compare_digest(digest, h) for h in allowed_hashes)
 
 
-def invalid_key(message: str) -> GatewayError:
-    """401 in OpenAI's envelope."""
-    return GatewayError(401, message, type="invalid_request_error", code="invalid_api_key")
-
-
-def store_unavailable(message: str) -> GatewayError:
-    """503 in OpenAI's envelope: shared state is needed and unreachable."""
-    return GatewayError(503, message, type="service_unavailable", code="store_unavailable")
-
-
 def _tenant_from(tc: TenantConfig) -> Tenant:
     return Tenant(
         id=tc.id,
@@ -81,12 +71,12 @@ class TenantRegistry:
         cfg: GatewayConfig,
         store: Store,
         *,
-        cache_ttl_s: float = 5.0,
+        cache_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._required = cfg.auth.required
         self._store = store
-        self._ttl = cache_ttl_s
+        self._ttl = cfg.auth.key_cache_ttl_s if cache_ttl_s is None else cache_ttl_s
         self._clock = clock
         self._configs = {t.id: t for t in cfg.tenants}
         self._tenants = {t.id: _tenant_from(t) for t in cfg.tenants}

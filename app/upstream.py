@@ -1,20 +1,20 @@
-"""The upstream stage: send a request to one vLLM replica and relay its answer, capturing usage on the way."""
+"""The upstream wire: one pooled aiohttp session, a request's response head, its body or its SSE events.
+
+What the bytes mean (usage, finish reasons, model names) is the API surface's business (app/api/surfaces/);
+which replica, how often and with what backoff is the dispatcher's (app/dispatch.py).
+"""
 
 from __future__ import annotations
 
-import time
+import contextlib
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import orjson
 
 from app.config import UpstreamConfig
-from app.context import RequestContext, Usage
-from app.errors import GatewayError, error_body, upstream_timeout, upstream_unreachable
-
-_DONE = b"data: [DONE]"
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"})
+from app.errors import GatewayError, upstream_status, upstream_timeout, upstream_unreachable
 
 
 def create_session(cfg: UpstreamConfig) -> aiohttp.ClientSession:
@@ -22,235 +22,121 @@ def create_session(cfg: UpstreamConfig) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(
         limit=0,
         limit_per_host=cfg.max_connections_per_replica,
-        keepalive_timeout=30,
+        keepalive_timeout=cfg.keepalive_timeout_s,
         enable_cleanup_closed=True,
     )
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s
-    )
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s)
     # auto_decompress off: bodies are relayed as sent, and vLLM does not compress anyway.
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False, json_serialize=lambda o: orjson.dumps(o).decode()
     )
 
 
-class RetryableUpstreamError(Exception):
-    """Nothing reached the client yet and another replica may succeed: connect error, 5xx, early timeout."""
-
-    def __init__(self, error: GatewayError, *, replica_fault: bool) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.replica_fault = replica_fault
-
-
-@dataclass(slots=True)
-class UpstreamReply:
-    """A complete (non-streaming or error) upstream answer, ready to relay."""
+class UpstreamResponse(Protocol):
+    """A response whose head has arrived: what the dispatcher and the relay need of it."""
 
     status: int
-    body: bytes
     content_type: str
 
+    async def body(self) -> bytes:
+        """The whole body; GatewayError (with its failure kind) when the upstream breaks off."""
+        ...
 
-def rewrite_model(body: bytes, served: str, public: str) -> bytes:
-    """Put the public model name back where vLLM wrote its served name, without re-serializing."""
-    if served == public:
-        return body
-    return body.replace(b'"model":"' + served.encode() + b'"', b'"model":"' + public.encode() + b'"')
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive; GatewayError when the upstream breaks off."""
+        ...
 
+    def close(self) -> None:
+        """Drop the connection (vLLM aborts an unfinished request)."""
+        ...
 
-def capture_usage(usage_obj: Mapping[str, object] | None, into: Usage) -> None:
-    """Copy an OpenAI `usage` object (with vLLM's prompt_tokens_details) into the request record."""
-    if not usage_obj:
-        return
-    into.prompt_tokens = int(usage_obj.get("prompt_tokens") or 0)  # type: ignore[call-overload]
-    into.completion_tokens = int(usage_obj.get("completion_tokens") or 0)  # type: ignore[call-overload]
-    details = usage_obj.get("prompt_tokens_details")
-    if isinstance(details, Mapping):
-        into.cached_tokens = int(details.get("cached_tokens") or 0)
-    into.reported = True
+    def release(self) -> None:
+        """Return a finished connection to the pool."""
+        ...
 
 
-def _note_choices(ctx: RequestContext, choices: object) -> bool:
-    """Record finish reasons; True when a choice carried generated content."""
-    produced = False
-    if not isinstance(choices, list):
-        return produced
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        reason = choice.get("finish_reason")
-        if reason:
-            ctx.finish_reasons.append(reason)
-        delta = choice.get("delta")
-        if (delta and (delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"))) or (
-            choice.get("text")
-        ):
-            produced = True
-    return produced
+class Transport(Protocol):
+    """Sends one request to one replica and waits for the response head."""
+
+    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        """POST payload to replica+path; GatewayError (failure kind set) before any byte of a head arrives,
+        or for a 5xx head (read and released here: nothing of it reaches the client)."""
+        ...
 
 
-def _upstream_error(err: BaseException, replica: str) -> GatewayError:
+def transport_error(err: BaseException, replica: str) -> GatewayError:
+    """The gateway's error for a transport failure: 504 for timeouts, 502 otherwise."""
     if isinstance(err, TimeoutError | aiohttp.ServerTimeoutError):
         return upstream_timeout(f"upstream {replica} timed out")
     return upstream_unreachable(f"upstream {replica} unreachable: {type(err).__name__}")
 
 
-async def open_upstream(
-    session: aiohttp.ClientSession, ctx: RequestContext, url: str, payload: bytes, headers: dict[str, str]
-) -> aiohttp.ClientResponse:
-    """Send the request and wait for the response head; failures before any byte are retryable."""
-    replica = url.split("/v1/", 1)[0]
-    ctx.timing.upstream_start = time.perf_counter()
-    try:
-        resp = await session.post(url, data=payload, headers=headers)
-    except (TimeoutError, aiohttp.ClientError, OSError) as err:
-        raise RetryableUpstreamError(_upstream_error(err, replica), replica_fault=True) from err
-    ctx.timing.first_byte = time.perf_counter()
-    if resp.status >= 500:
-        await _read_safely(resp)
-        resp.release()
-        failure = GatewayError(
-            502, f"upstream {replica} answered {resp.status}", type="upstream_error", code="upstream_error"
-        )
-        failure.headers["x-kvgate-upstream-status"] = str(resp.status)
-        raise RetryableUpstreamError(failure, replica_fault=True)
-    return resp
+class _AiohttpResponse:
+    __slots__ = ("_replica", "_resp", "content_type", "status")
 
-
-async def _read_safely(resp: aiohttp.ClientResponse) -> bytes:
-    try:
-        return await resp.read()
-    except (TimeoutError, aiohttp.ClientError):
-        return b""
-
-
-async def read_complete(
-    resp: aiohttp.ClientResponse, ctx: RequestContext, served: str
-) -> UpstreamReply:
-    """Read a non-streaming reply whole; capture usage, id and finish reasons from a 200."""
-    try:
-        body = await resp.read()
-    except (TimeoutError, aiohttp.ClientError) as err:
-        resp.close()
-        raise _upstream_error(err, str(resp.url.origin())) from err
-    finally:
-        ctx.timing.end = time.perf_counter()
-    content_type = resp.headers.get("content-type", "application/json")
-    if resp.status == 200:
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            doc = None
-        if isinstance(doc, dict):
-            capture_usage(doc.get("usage"), ctx.usage)
-            ctx.response_id = doc.get("id")
-            _note_choices(ctx, doc.get("choices"))
-        body = rewrite_model(body, served, ctx.model)
-        ctx.timing.first_token = ctx.timing.end
-    return UpstreamReply(resp.status, body, content_type)
-
-
-def _plain_token_chunk(event: bytes) -> bool:
-    """A mid-stream token chunk carries nothing to account for: no usage, finish reason or error.
-
-    Checked on the bytes (vLLM writes compact JSON) so most chunks are relayed without being parsed.
-    """
-    return b'"usage":{' not in event and b'"finish_reason":"' not in event and b'"error"' not in event
-
-
-def sse_error_event(message: str, type: str, code: str) -> bytes:
-    """An SSE event carrying OpenAI's error envelope, as OpenAI ends a stream that failed."""
-    return b"data: " + error_body(message, type, None, code) + b"\n\n"
-
-
-class StreamRelay:
-    """Relays an upstream SSE stream event by event, untouched, while reading usage from it.
-
-    The gateway always asks vLLM for the final usage chunk; when the client did not, that chunk is
-    dropped from what the client sees (its numbers are kept). Only chunks that must change (a model
-    name to rewrite) are touched, by byte substitution.
-    """
-
-    def __init__(self, resp: aiohttp.ClientResponse, ctx: RequestContext, served: str) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, replica: str) -> None:
         self._resp = resp
-        self._ctx = ctx
-        self._served = served
-        self._served_marker = b'"model":"' + served.encode() + b'"'
-        self._public_marker = b'"model":"' + ctx.model.encode() + b'"'
-        self._rewrite = served != ctx.model
-        self.saw_done = False
+        self._replica = replica
+        self.status = resp.status
+        self.content_type = resp.headers.get("content-type", "application/json")
 
-    def _observe(self, event: bytes) -> bytes | None:
-        """Account for one SSE event; return the bytes to forward, or None to drop it."""
-        ctx = self._ctx
-        if event.startswith(_DONE):
-            self.saw_done = True
-            return None  # emitted by the caller after the trailer
-        if not event.startswith(b"data:"):
-            return event
-        if ctx.timing.first_token and _plain_token_chunk(event):
-            return event.replace(self._served_marker, self._public_marker) if self._rewrite else event
+    async def body(self) -> bytes:
         try:
-            doc = orjson.loads(event[5:])
-        except orjson.JSONDecodeError:
-            return event
-        if not isinstance(doc, dict):
-            return event
-        if ctx.response_id is None:
-            ctx.response_id = doc.get("id")
-        usage = doc.get("usage")
-        choices = doc.get("choices")
-        if usage:
-            capture_usage(usage, ctx.usage)
-        if _note_choices(ctx, choices) and not ctx.timing.first_token:
-            ctx.timing.first_token = time.perf_counter()
-        if usage and not choices and not ctx.client_wants_usage:
-            return None
-        if "error" in doc:
-            ctx.error_type = "upstream_stream_error"
-        if self._rewrite:
-            event = event.replace(self._served_marker, self._public_marker)
-        return event
+            return await self._resp.read()
+        except (TimeoutError, aiohttp.ClientError) as err:
+            self._resp.close()
+            raise transport_error(err, self._replica) from err
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """Yield batches of complete events as they arrive; raise GatewayError on upstream failure."""
-        buf = b""
+    async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._resp.content.iter_any():
-                buf += chunk
-                out: list[bytes] = []
-                while True:
-                    cut = buf.find(b"\n\n")
-                    if cut < 0:
-                        break
-                    event = buf[: cut + 2]
-                    buf = buf[cut + 2 :]
-                    kept = self._observe(event)
-                    if kept is not None:
-                        out.append(kept)
-                if out:
-                    yield b"".join(out)
+                yield chunk
         except (TimeoutError, aiohttp.ClientError) as err:
-            raise _upstream_error(err, str(self._resp.url.origin())) from err
-        finally:
-            self._ctx.timing.end = time.perf_counter()
-        if not self.saw_done:
-            raise upstream_unreachable("upstream closed the stream before [DONE]")
+            raise transport_error(err, self._replica) from err
 
     def close(self) -> None:
-        """Drop the upstream connection (aborts the request in vLLM when unfinished)."""
-        if not self.saw_done:
-            self._resp.close()
-        else:
-            self._resp.release()
+        self._resp.close()
+
+    def release(self) -> None:
+        self._resp.release()
 
 
-def forward_headers(inbound: Mapping[str, str], request_id: str) -> dict[str, str]:
-    """Headers sent to vLLM: content type, request id, and trace context (added later by telemetry)."""
+class AiohttpTransport:
+    """The production transport over one shared aiohttp session."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        """POST and wait for the head; 5xx heads and transport errors become GatewayErrors."""
+        try:
+            resp = await self.session.post(replica + path, data=payload, headers=dict(headers))
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise transport_error(err, replica) from err
+        if resp.status >= 500:
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                await resp.read()
+            resp.release()
+            raise upstream_status(replica, resp.status)
+        return _AiohttpResponse(resp, replica)
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """Complete SSE events (each ending in a blank line), batched per arriving network chunk."""
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        out: list[bytes] = []
+        while True:
+            cut = buf.find(b"\n\n")
+            if cut < 0:
+                break
+            out.append(buf[: cut + 2])
+            buf = buf[cut + 2 :]
+        if out:
+            yield out
+
+
+def forward_headers(request_id: str) -> dict[str, str]:
+    """Headers sent to vLLM: content type and request id (telemetry adds the trace context)."""
     return {"content-type": "application/json", "x-request-id": request_id}
-
-
-def relay_response_headers(upstream: Mapping[str, str]) -> dict[str, str]:
-    """Upstream response headers worth passing on (not hop-by-hop ones)."""
-    return {k: v for k, v in upstream.items() if k.lower() not in _HOP_HEADERS and not k.lower().startswith("x-kvgate")}

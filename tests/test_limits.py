@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
+from app.api.surfaces import CHAT, COMPLETIONS
+from app.config import RoutingConfig
 from app.context import Usage
 from app.errors import GatewayError
 from app.limits import (
@@ -17,6 +19,7 @@ from app.limits import (
     max_output_tokens,
     seconds_to_next_month,
 )
+from app.routing.classify import classify
 from app.store.base import AdmitResult, LimitSpec, Release, SpendRecord, Store
 from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
@@ -46,14 +49,14 @@ def test_estimate_is_a_quarter_of_the_characters_plus_message_framing() -> None:
             {"role": "user", "content": [{"type": "text", "text": "y" * 41}, {"type": "image_url"}]},
         ]
     }
-    assert estimate_input_tokens(body) == 100 + 11 + 2 * 4
+    assert estimate_input_tokens(CHAT.view(body)) == 100 + 11 + 2 * 4
 
 
 def test_estimate_counts_prompts_and_tool_schemas() -> None:
-    assert estimate_input_tokens({"prompt": "z" * 80}) == 20
-    assert estimate_input_tokens({"prompt": ["a" * 8, "b" * 8]}) == 4
+    assert estimate_input_tokens(COMPLETIONS.view({"prompt": "z" * 80})) == 20
+    assert estimate_input_tokens(COMPLETIONS.view({"prompt": ["a" * 8, "b" * 8]})) == 4
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    assert estimate_input_tokens({"messages": [], "tools": tools}) == -(-len(orjson.dumps(tools)) // 4)
+    assert estimate_input_tokens(CHAT.view({"messages": [], "tools": tools})) == -(-len(orjson.dumps(tools)) // 4)
 
 
 def test_output_reservation_prefers_max_completion_tokens_and_multiplies_by_n() -> None:
@@ -127,12 +130,12 @@ async def test_degrade_serves_over_limit_requests_as_bulk_with_capped_max_tokens
     lim = limiter(any_store, rpm=1, on_exceed="degrade", degrade_max_tokens=64)
     first = make_ctx(body=chat(max_tokens=1000))
     await lim.admit(first)
-    assert first.route_class is None and first.body["max_tokens"] == 1000
+    assert first.admission is None and first.body["max_tokens"] == 1000
     second = make_ctx(body=chat(max_tokens=1000))
     admission = await lim.admit(second)
     assert admission.degraded == "rpm"
-    assert second.route_class is not None
-    assert (second.route_class.route_class, second.route_class.reason) == ("bulk", "degraded")
+    decision = classify(second.body, {}, second.tenant, RoutingConfig(), degraded=admission.degraded is not None)
+    assert (decision.route_class, decision.reason) == ("bulk", "degraded")
     assert second.body["max_tokens"] == 64
     assert second.limit_notes == ["degraded:rpm:class=bulk:max_tokens=64"]
 

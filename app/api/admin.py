@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from app.errors import GatewayError
+from app.errors import GatewayError, store_unavailable
 from app.spend import recent_days, usage_report
 from app.store.base import MICROS_PER_USD, Store, StoreUnavailable
-from app.tenancy import TenantRegistry, bearer_token, hash_key, keys_match, store_unavailable
+from app.tenancy import TenantRegistry, bearer_token, hash_key, keys_match
 
 _PREFIX_SHOWN = 12
 _MAX_DAYS = 400

@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.admin import admin_router
-from app.api.parse import OPERATIONS
 from app.api.proxy import InferenceEndpoint
+from app.api.surfaces import SURFACES
 from app.config import GatewayConfig
 from app.errors import error_body
 from app.pipeline import Gateway
@@ -110,4 +110,4 @@ def create_app(cfg: GatewayConfig) -> GatewayApp:
         body = error_body(str(first.get("msg", "invalid request")), "invalid_request_error", param, None)
         return Response(body, status_code=400, media_type="application/json")
 
-    return GatewayApp(app, endpoint, frozenset(OPERATIONS))
+    return GatewayApp(app, endpoint, frozenset(SURFACES))

@@ -9,7 +9,9 @@ from collections.abc import Callable
 from starlette.types import Message, Receive, Scope, Send
 
 from app.api.parse import parse_request, request_id_from
-from app.errors import GatewayError
+from app.api.surfaces import SURFACES, Surface
+from app.errors import GatewayError, too_large
+from app.headers import REQUEST_ID
 from app.pipeline import Gateway, Reply
 
 
@@ -20,7 +22,7 @@ def _headers_of(scope: Scope) -> dict[str, str]:
 async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -30,16 +32,10 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _too_large(limit: int) -> GatewayError:
-    return GatewayError(
-        413, f"Request body exceeds {limit} bytes.", param=None, code="request_too_large"
-    )
 
 
 async def send_reply(send: Send, reply: Reply, before_last: Callable[[], None]) -> None:
@@ -57,7 +53,7 @@ async def send_reply(send: Send, reply: Reply, before_last: Callable[[], None]) 
 
 
 class InferenceEndpoint:
-    """POST /v1/chat/completions, /v1/completions, /v1/embeddings."""
+    """Every inference path: its surface parses, the gateway runs the stages, this relays the reply."""
 
     def __init__(self, gateway: Callable[[], Gateway]) -> None:
         self._gateway = gateway
@@ -68,21 +64,23 @@ class InferenceEndpoint:
         gateway = self._gateway()
         headers = _headers_of(scope)
         request_id = request_id_from(headers)
+        surface = SURFACES[scope["path"]]
         if scope["method"] != "POST":
             err = GatewayError(405, f"Method {scope['method']} not allowed; use POST.", code="method_not_allowed")
-            await send_reply(send, _plain_error(err, request_id), lambda: None)
+            await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         try:
             raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes)
-            ctx = parse_request(scope["path"], raw, headers, gateway.cfg, request_id)
+            ctx = parse_request(scope["path"], raw, headers, gateway.cfg, request_id, surface)
         except GatewayError as err:
-            await send_reply(send, _plain_error(err, request_id), lambda: None)
+            await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         except asyncio.CancelledError:
             return
         ctx.timing.start = started
 
         main = asyncio.current_task()
+        cancelled = False
         state = {"done": False, "disconnected": False}
 
         async def watch_disconnect() -> None:
@@ -103,15 +101,14 @@ class InferenceEndpoint:
                 raise
             if main is not None:
                 main.uncancel()
-            ctx.status = 499
-            ctx.error_type = ctx.error_type or "client_disconnected"
+            cancelled = True
         except OSError:
             ctx.error_type = ctx.error_type or "client_disconnected"
         finally:
             watcher.cancel()
-            await gateway.finished(ctx)
+            await gateway.finished(ctx, cancelled=cancelled)
 
 
-def _plain_error(err: GatewayError, request_id: str) -> Reply:
-    headers = {"content-type": "application/json", "x-request-id": request_id, **err.headers}
-    return Reply(err.status, headers, err.body())
+def _plain_error(surface: Surface, err: GatewayError, request_id: str) -> Reply:
+    headers = {"content-type": "application/json", REQUEST_ID: request_id, **err.headers}
+    return Reply(err.status, headers, surface.error_body(err))

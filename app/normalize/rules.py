@@ -16,7 +16,6 @@ RULES: tuple[str, ...] = (
     "prefixed_id",
     "epoch",
 )
-TIME_RULES = frozenset({"iso_datetime", "rfc2822_datetime", "date", "labelled_datetime", "epoch"})
 ID_RULES = frozenset({"uuid", "hex_id", "prefixed_id"})
 
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)"
@@ -57,14 +56,6 @@ SPAN_RX = re.compile(
     |(?P<epoch>(?<![\w.])1\d{{9}}(?:\d{{3}})?(?:\.\d{{1,6}})?(?![\w]|\.\d))
     """,
     re.VERBOSE,
-)
-
-# A metadata line: optional bullet/emphasis, a short label without digits, `:` or `=`, a value.
-LINE_RX = re.compile(
-    r"[ \t]*(?:[-*+\u2022][ \t]+)?(?:\*\*|__)?"
-    r"(?:(?P<label>[A-Za-z][A-Za-z _./()'\-]{0,40}?)(?:\*\*|__)?[ \t]*[:=](?:\*\*|__)?[ \t]*)?"
-    r"(?P<value>.*?)[ \t]*\Z",
-    re.DOTALL,
 )
 
 # Labels whose value is "now" by definition (a static value under such a label is a contradiction).

@@ -8,8 +8,8 @@ from typing import Any
 from app.config import RoutingConfig
 from app.context import ClassDecision, RouteClass, Tenant
 from app.errors import bad_request
+from app.headers import CLASS as CLASS_HEADER
 
-CLASS_HEADER = "x-kvgate-class"
 _CLASSES: dict[str, RouteClass] = {"interactive": "interactive", "bulk": "bulk"}
 # OpenAI's service_tier: "priority" buys low latency, "flex" trades latency for price. "auto"/"default"
 # say nothing about latency, so they fall through to the next rule.
@@ -32,15 +32,16 @@ def classify(
     headers: Mapping[str, str],
     tenant: Tenant | None,
     cfg: RoutingConfig,
-    preset: ClassDecision | None = None,
+    *,
+    degraded: bool = False,
 ) -> ClassDecision:
-    """Decide the latency class: preset, header, service_tier, tenant default, request shape, default.
+    """Decide the latency class: degraded by limits, header, service_tier, tenant default, shape, default.
 
     `headers` keys are lowercase (as ASGI delivers them). An unknown x-kvgate-class value is a client
     error (400) rather than silently ignored, since the client asked for something explicit.
     """
-    if preset is not None:
-        return preset
+    if degraded:
+        return ClassDecision("bulk", "degraded")
     raw = headers.get(CLASS_HEADER)
     if raw is not None:
         chosen = _CLASSES.get(raw.strip().lower())

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.policy import Selection
 
 if TYPE_CHECKING:
     from app.routing.state import ReplicaState
+
+
+class LeastLoadParams(BaseModel):
+    """`policy: least_load` (no parameters)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["least_load"] = "least_load"
 
 
 class LeastLoad:

@@ -5,12 +5,9 @@ from __future__ import annotations
 from app.config import ModelConfig, RoutingConfig
 from app.context import ClassDecision, RouteDecision
 from app.errors import upstream_unavailable
-from app.routing.prefix_key import routing_key
 from app.routing.priority import priority_for
-from app.routing.spill import DEFAULT_TUNING, SpillTuning, cached_home_and_other, decide_spill, saturation
+from app.routing.spill import SpillTuning, cached_home_and_other, decide_spill, saturation
 from app.routing.state import ClusterState, PoolState
-
-__all__ = ["pick", "routing_key"]
 
 
 def _out_of_rotation(pool: PoolState, exclude: frozenset[str]) -> str:
@@ -28,13 +25,15 @@ def pick(
     cluster: ClusterState,
     cfg: RoutingConfig,
     exclude: frozenset[str] = frozenset(),
-    tuning: SpillTuning = DEFAULT_TUNING,
+    tuning: SpillTuning | None = None,
 ) -> RouteDecision:
     """Route one request; `exclude` holds replica URLs already tried (a failover retry).
 
     Raises GatewayError 503 when no replica that may take the request is in rotation.
     """
     route_class = decision.route_class
+    if tuning is None:
+        tuning = cfg.spill
     home, other = cached_home_and_other(model, route_class, cluster)
     may_leave = other is not None and cfg.allow_spill
     target = home
@@ -68,4 +67,5 @@ def pick(
         priority=priority_for(route_class, target.cfg),
         attempt=len(exclude) + 1,
         detail=detail,
+        target=sel.chosen,
     )

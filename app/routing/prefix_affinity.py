@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.policy import Selection
@@ -25,6 +27,14 @@ def bound(c: float, total: int, n: int) -> int:
     """The most requests one of `n` replicas may hold when they hold `total`: ceil(c * total / n)."""
     # The epsilon keeps float error (1.1 * 10 = 11.000000000000002) from granting an extra request.
     return math.ceil(c * total / n - 1e-9)
+
+
+class PrefixAffinityParams(BaseModel):
+    """`policy: {type: prefix_affinity, load_bound: c}`; without load_bound, `routing.load_bound` applies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["prefix_affinity"] = "prefix_affinity"
+    load_bound: float | None = Field(None, ge=1.0)
 
 
 class PrefixAffinity:

@@ -17,64 +17,18 @@ Why PREFIX_CHUNKS = 16 (1,024 characters, ≈256 tokens, ≈16 blocks):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from hashlib import blake2b
 from typing import Any
 
 import orjson
 
-from app.context import Operation
-
 CHUNK_CHARS = 64
 PREFIX_CHUNKS = 16
+HEAD_CHARS = CHUNK_CHARS * PREFIX_CHUNKS
 TOKENS_PER_CHUNK = 16  # token-id prompts: one KV block per chunk
-_SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def _text_of(content: Any) -> str:
-    """A message's text: a string, or the text parts of a content list (images do not key)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
-
-
-def _chat_head(body: Mapping[str, Any], limit: int) -> str:
-    parts: list[str] = []
-    size = 0
-    messages = body.get("messages")
-    first_other: Any = None
-    if isinstance(messages, list):
-        for msg in messages:
-            if not isinstance(msg, dict):
-                continue
-            role = msg.get("role")
-            if isinstance(role, str) and role in _SYSTEM_ROLES:
-                text = _text_of(msg.get("content"))[: limit - size]
-                parts.append(text)
-                size += len(text) + 1
-                if size >= limit:
-                    return "\x1e".join(parts)
-            else:
-                first_other = msg
-                break
-    tools = body.get("tools")
-    if tools:
-        # Serialized as sent: key order reaches the tokens, so it should reach the key too.
-        text = orjson.dumps(tools)[: limit - size].decode("utf-8", "ignore")
-        parts.append(text)
-        size += len(text) + 1
-        if size >= limit:
-            return "\x1e".join(parts)
-    if first_other is not None:
-        parts.append(_text_of(first_other.get("content"))[: limit - size])
-    return "\x1e".join(parts)
-
-
-def _prompt_head(prompt: Any, chunks: int) -> str | bytes:
+def prompt_head(prompt: Any, chunks: int = PREFIX_CHUNKS) -> str | bytes:
     """Leading part of a completions prompt / embeddings input (str, token ids, or a batch of either).
 
     Text comes back as a string still to be chunk-aligned; token ids come back as final bytes, already
@@ -93,16 +47,9 @@ def _prompt_head(prompt: Any, chunks: int) -> str | bytes:
     return ""
 
 
-def routing_key(
-    body: Mapping[str, Any], operation: Operation, salt: str, *, chunks: int = PREFIX_CHUNKS
-) -> int:
-    """64-bit key of the block-aligned leading content, mixed with `salt` (tenants never share homes
-    unless they share a salt, mirroring vLLM's cache_salt)."""
-    head: str | bytes
-    if operation == "chat":
-        head = _chat_head(body, chunks * CHUNK_CHARS)
-    else:
-        head = _prompt_head(body.get("prompt" if operation == "text_completion" else "input"), chunks)
+def routing_key(head: str | bytes, salt: str) -> int:
+    """64-bit key of a prompt view's leading content (`PromptView.key_head`), block-aligned and mixed with
+    `salt` (tenants never share homes unless they share a salt, mirroring vLLM's cache_salt)."""
     if isinstance(head, str):
         head = head[: len(head) // CHUNK_CHARS * CHUNK_CHARS].encode("utf-8", "surrogatepass")
     h = blake2b(salt.encode(), digest_size=8)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from app.routing.policy import Selection
 
 if TYPE_CHECKING:
     from app.routing.state import ReplicaState
+
+
+class RoundRobinParams(BaseModel):
+    """`policy: round_robin` (no parameters)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["round_robin"] = "round_robin"
 
 
 class RoundRobin:

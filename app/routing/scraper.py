@@ -19,8 +19,6 @@ log = logging.getLogger(__name__)
 
 # Spread the probes of many replicas over the interval instead of firing them in lockstep.
 JITTER = 0.1
-MIN_PROBE_TIMEOUT_S = 1.0
-MAX_PROBE_TIMEOUT_S = 5.0
 
 
 class Scraper:
@@ -41,10 +39,10 @@ class Scraper:
         self._rng = rng or random.Random()
         self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
-        # Two intervals (at least 1 s, at most 5 s): a busy engine answers /health late, and a late answer
-        # is not a dead engine; a probe that takes longer than that is counted as failed.
+        # Two intervals (clamped to routing.probe_timeout_min_s..max_s): a busy engine answers /health late,
+        # and a late answer is not a dead engine; a probe that takes longer than that is counted as failed.
         self._timeout = aiohttp.ClientTimeout(
-            total=min(max(2 * cfg.probe_interval_s, MIN_PROBE_TIMEOUT_S), MAX_PROBE_TIMEOUT_S)
+            total=min(max(2 * cfg.probe_interval_s, cfg.probe_timeout_min_s), cfg.probe_timeout_max_s)
         )
 
     async def start(self) -> None:

@@ -10,22 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.config import ModelConfig, RoutingConfig
+from app.config import ModelConfig, RoutingConfig, SpillSettings
 from app.context import RouteClass
 from app.routing.state import ClusterState, PoolState, ReplicaState
 
-
-@dataclass(frozen=True, slots=True)
-class SpillTuning:
-    """Thresholds not (yet) in the config file."""
-
-    # The home pool is saturated when even its shortest queue holds this many waiting requests.
-    waiting_threshold: int = 1
-    # The spill target has headroom when some replica queues nothing and is below this utilization.
-    headroom_below_utilization: float = 0.8
-
-
-DEFAULT_TUNING = SpillTuning()
+# The home pool is saturated when even its shortest queue holds `waiting_threshold` waiting requests; the
+# spill target has headroom when some replica queues nothing and is below `headroom_below_utilization`.
+SpillTuning = SpillSettings
+DEFAULT_TUNING = SpillSettings()
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from app.config import GatewayConfig, PoolConfig
+from app.errors import FailureKind
 from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
 from app.routing.hashing import stable_hash64
-from app.routing.policies import make_policy
 from app.routing.policy import Policy
+from app.routing.registry import PolicyDefaults, build_policy
 
-FailureKind = Literal["connect", "timeout", "status_5xx", "protocol"]
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
 IDLE_TTFT_DECAY = 0.5
@@ -42,10 +42,8 @@ class ReplicaState:
         "last_error",
         "last_scrape",
         "pool",
-        "prefix_hit_rate",
         "probed",
         "running",
-        "spec_acceptance",
         "ttft_ewma_s",
         "url",
         "waiting",
@@ -70,9 +68,7 @@ class ReplicaState:
         # load() is one addition; pick reads it for every candidate of every request).
         self.external = 0
         self.last_scrape = 0.0
-        self.counters: dict[str, float] = {}
-        self.prefix_hit_rate: float | None = None
-        self.spec_acceptance: float | None = None
+        self.counters: dict[str, float] = {}  # the last scrape's counters, for per-interval deltas
         self.ttft_ewma_s: float | None = None
         self.last_error: str | None = None
         self.breaker = breaker or CircuitBreaker()
@@ -174,14 +170,6 @@ class ReplicaState:
         self.in_flight_at_scrape = self.in_flight
         self.external = max(self.running + self.waiting - self.in_flight, 0)
         prev = self.counters
-        hits = self._delta(prev, sample, m.PREFIX_HITS)
-        queries = self._delta(prev, sample, m.PREFIX_QUERIES)
-        if hits is not None and queries:
-            self.prefix_hit_rate = hits / queries
-        accepted = self._delta(prev, sample, m.SPEC_ACCEPTED)
-        drafted = self._delta(prev, sample, m.SPEC_DRAFT_TOKENS)
-        if accepted is not None and drafted:
-            self.spec_acceptance = accepted / drafted
         ttft_sum = self._delta(prev, sample, m.TTFT_SUM)
         ttft_count = self._delta(prev, sample, m.TTFT_COUNT)
         if ttft_sum is not None and ttft_count:
@@ -263,8 +251,11 @@ class ClusterState:
         breaker: BreakerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> ClusterState:
-        """Build the state; on reload pass `previous` so surviving replicas keep their counts and health."""
+        """Build the state; `previous` lets surviving replicas keep their counts and health across a rebuild."""
         old = {(r.pool, r.url): r for r in previous.replicas()} if previous is not None else {}
+        b = cfg.routing.breaker
+        breaker = breaker or BreakerConfig(failures=b.failures, open_s=b.open_s, max_open_s=b.max_open_s)
+        defaults = PolicyDefaults(load_bound=cfg.routing.load_bound)
         pools: dict[str, PoolState] = {}
         for name, pcfg in cfg.pools.items():
             replicas = []
@@ -274,7 +265,7 @@ class ClusterState:
                     rep = ReplicaState(url, name, i, CircuitBreaker(breaker, clock))
                 rep.index = i
                 replicas.append(rep)
-            pools[name] = PoolState(name, pcfg, replicas, make_policy(pcfg.effective_policy(), cfg.routing))
+            pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
         return cls(pools)
 
     def replicas(self) -> Iterator[ReplicaState]:

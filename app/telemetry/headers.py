@@ -1,10 +1,8 @@
 """What a client sees of cost and gateway overhead: header values, and their stream equivalents.
 
 Non-streaming responses carry `x-kvgate-cost-usd` and `x-kvgate-overhead-ms` as headers. A stream's
-headers leave before its usage is known, so a stream ends with both figures twice over (documented for
-clients): in the final usage chunk as `usage.kvgate_cost_usd` / `usage.kvgate_overhead_ms` (only sent when
-the client asked for `stream_options.include_usage`), and in SSE comment lines (`: <header name> <value>`)
-right before `data: [DONE]`:
+headers leave before its usage is known, so a stream ends with both figures in SSE comment lines
+(`: <header name> <value>`) right before its end marker (`data: [DONE]` on OpenAI's streams):
 
     : x-kvgate-cost-usd 0.0000123400
     : x-kvgate-overhead-ms 0.412
@@ -16,14 +14,12 @@ send on every stream.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from app.context import Timing
 from app.cost import COST_HEADER, format_usd
+from app.headers import OVERHEAD_MS
 
-OVERHEAD_HEADER = "x-kvgate-overhead-ms"
-USAGE_COST_FIELD = "kvgate_cost_usd"
-USAGE_OVERHEAD_FIELD = "kvgate_overhead_ms"
+OVERHEAD_HEADER = OVERHEAD_MS
 
 
 def overhead_s(timing: Timing, now: float | None = None) -> float:
@@ -43,15 +39,6 @@ def format_ms(seconds: float) -> str:
 def response_headers(cost_usd: float, overhead_seconds: float) -> dict[str, str]:
     """The cost and overhead headers of a non-streaming response."""
     return {COST_HEADER: format_usd(cost_usd), OVERHEAD_HEADER: format_ms(overhead_seconds)}
-
-
-def usage_extension(usage: dict[str, Any], cost_usd: float, overhead_seconds: float) -> dict[str, Any]:
-    """The stream's usage object with the gateway's extension fields added (a copy; numbers, not strings)."""
-    return {
-        **usage,
-        USAGE_COST_FIELD: round(cost_usd, 10),
-        USAGE_OVERHEAD_FIELD: round(overhead_seconds * 1000.0, 3),
-    }
 
 
 def sse_trailer(cost_usd: float, overhead_seconds: float) -> bytes:

@@ -194,45 +194,6 @@ def server_start_attributes(ctx: RequestContext) -> dict[str, Any]:
     return {HTTP_METHOD: "POST", HTTP_ROUTE: ctx.path, URL_PATH: ctx.path, KV_REQUEST_ID: ctx.request_id}
 
 
-def _text_parts(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "content": content}]
-    parts: list[dict[str, Any]] = []
-    if isinstance(content, list):
-        for item in content:
-            if isinstance(item, dict) and item.get("type") == "text":
-                parts.append({"type": "text", "content": item.get("text", "")})
-            elif isinstance(item, dict):
-                # Media is referenced by type only; bytes and URLs stay out of telemetry.
-                parts.append({"type": str(item.get("type", "unknown"))})
-    return parts
-
-
 def input_messages(ctx: RequestContext) -> str:
-    """gen_ai.input.messages as JSON (role + parts) — only for tenants with capture_content."""
-    body = ctx.body
-    out: list[dict[str, Any]] = []
-    if ctx.operation == "chat":
-        for msg in body.get("messages") or ():
-            if not isinstance(msg, dict):
-                continue
-            role = str(msg.get("role", "user"))
-            if role == "tool":
-                parts: list[dict[str, Any]] = [
-                    {"type": "tool_call_response", "id": msg.get("tool_call_id"), "response": msg.get("content")}
-                ]
-            else:
-                parts = _text_parts(msg.get("content"))
-            for call in msg.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    fn = call.get("function") or {}
-                    parts.append(
-                        {"type": "tool_call", "id": call.get("id"), "name": fn.get("name"),
-                         "arguments": fn.get("arguments")}
-                    )  # fmt: skip
-            out.append({"role": role, "parts": parts})
-    else:
-        prompt = body.get("prompt", body.get("input"))
-        prompts = prompt if isinstance(prompt, list) else [prompt]
-        out.extend({"role": "user", "parts": _text_parts(p)} for p in prompts if isinstance(p, str))
-    return orjson.dumps(out).decode()
+    """gen_ai.input.messages as JSON (role + parts, as the request's surface reads them) — opt-in only."""
+    return orjson.dumps(ctx.surface.input_messages(ctx.body)).decode()

@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from app.api.surfaces import CHAT, COMPLETIONS, EMBEDDINGS
 from app.config import ModelConfig
 from app.context import NormalizeReport, Operation, Tenant
 from app.normalize import VolatilityMemory, normalize
@@ -74,7 +75,7 @@ def run(
     """Call `normalize` with test defaults."""
     return normalize(
         body,
-        operation=operation,
+        surface={"chat": CHAT, "text_completion": COMPLETIONS, "embeddings": EMBEDDINGS}[operation],
         tenant=tenant(mode, rules),
         model=model(placement, inserts_date),
         memory=memory,

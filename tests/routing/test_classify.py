@@ -45,9 +45,9 @@ def test_classify_precedence(
     assert (decision.route_class, decision.reason) == expected
 
 
-def test_preset_from_limits_wins_over_header() -> None:
-    preset = ClassDecision("bulk", "degraded")
-    assert classify({"stream": True}, {"x-kvgate-class": "interactive"}, None, CFG, preset) is preset
+def test_degraded_by_limits_wins_over_header() -> None:
+    decision = classify({"stream": True}, {"x-kvgate-class": "interactive"}, None, CFG, degraded=True)
+    assert decision == ClassDecision("bulk", "degraded")
 
 
 def test_unknown_class_header_is_a_400_naming_the_header() -> None:

@@ -76,15 +76,14 @@ def test_unhealthy_probe_forgets_scraped_load() -> None:
 def test_interval_rates_from_counter_deltas_and_resets() -> None:
     r = ReplicaState("http://a:1")
     r.apply_metrics({m.PREFIX_QUERIES: 1000, m.PREFIX_HITS: 100, m.TTFT_SUM: 1.0, m.TTFT_COUNT: 4}, 1.0)
-    assert r.prefix_hit_rate is None and r.ttft_ewma_s is None  # one scrape has no interval yet
+    assert r.ttft_ewma_s is None  # one scrape has no interval yet
     r.apply_metrics(
         {m.PREFIX_QUERIES: 2000, m.PREFIX_HITS: 850, m.SPEC_DRAFT_TOKENS: 0, m.TTFT_SUM: 2.0, m.TTFT_COUNT: 6},
         2.0,
     )
-    assert r.prefix_hit_rate == 0.75
     assert r.ttft_ewma_s == 0.5
-    r.apply_metrics({m.PREFIX_QUERIES: 10, m.PREFIX_HITS: 0}, 3.0)  # restarted: counters went down
-    assert r.prefix_hit_rate == 0.75
+    r.apply_metrics({m.TTFT_SUM: 0.1, m.TTFT_COUNT: 1, m.RUNNING: 1}, 3.0)  # restarted: counters went down
+    assert r.ttft_ewma_s == 0.5
     assert r.last_scrape == 3.0
 
 

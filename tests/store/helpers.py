@@ -6,6 +6,7 @@ import hashlib
 import uuid
 from typing import Any
 
+from app.api.surfaces import CHAT
 from app.config import GatewayConfig, parse_config
 from app.context import RequestContext, RouteDecision, Tenant, Usage
 
@@ -53,11 +54,13 @@ def make_ctx(
     cost_usd: float = 0.0,
 ) -> RequestContext:
     """A request context as the api and tenancy stages leave it (plus settle-time fields)."""
+    body = body if body is not None else {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ctx = RequestContext(
         request_id=uuid.uuid4().hex,
-        operation="chat",
+        surface=CHAT,
         path="/v1/chat/completions",
-        body=body if body is not None else {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        prompt=CHAT.view(body),
+        body=body,
         model="m",
         stream=False,
         client_wants_usage=False,

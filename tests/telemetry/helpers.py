@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from app.api.surfaces import CHAT
 from app.config import PoolConfig, PriceConfig
 from app.context import (
     ClassDecision,
@@ -78,7 +79,7 @@ def make_ctx(
     """A context as the pipeline leaves it just before settle (timings in perf_counter seconds)."""
     ctx = RequestContext(
         request_id=f"req-{next(_ids)}",
-        operation="chat",
+        surface=CHAT,
         path="/v1/chat/completions",
         body={
             "model": "smollm2",
@@ -96,7 +97,7 @@ def make_ctx(
         client_wants_usage=True,
         headers=headers or {},
         timing=Timing(
-            start=10.0, upstream_start=10.0004, first_byte=10.05, first_token=10.06, end=10.5, upstream_busy=0.4995
+            start=10.0, upstream_start=10.0004, first_token=10.06, end=10.5, upstream_busy=0.4995
         ),
         tenant=Tenant(id=tenant, capture_content=capture_content),
         normalize_report=NormalizeReport(mode="on", moved={"iso_timestamp": 2, "uuid": 1}, applied=True),

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from app.api.surfaces import CHAT
 from app.context import Timing
 from app.cost import COST_HEADER
 from app.telemetry.headers import (
     OVERHEAD_HEADER,
-    USAGE_COST_FIELD,
-    USAGE_OVERHEAD_FIELD,
     overhead_s,
     response_headers,
     sse_trailer,
-    usage_extension,
 )
 
 
@@ -44,10 +42,10 @@ def test_sse_trailer_is_comment_lines_ending_an_event() -> None:
     assert float(fields[OVERHEAD_HEADER]) == pytest.approx(2.0)
 
 
-def test_usage_extension_adds_fields_without_touching_the_original() -> None:
-    usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-    extended = usage_extension(usage, 3e-6, 0.0007)
-    assert USAGE_COST_FIELD not in usage
-    assert extended[USAGE_COST_FIELD] == pytest.approx(3e-6)
-    assert extended[USAGE_OVERHEAD_FIELD] == pytest.approx(0.7)
-    assert {k: extended[k] for k in usage} == usage
+def test_openai_streams_end_with_the_trailer_then_done() -> None:
+    from tests.store.helpers import make_ctx
+
+    observer = CHAT.stream_observer(make_ctx(), "m")
+    ending = observer.ending(sse_trailer(0.5, 0.002))
+    assert ending.startswith(b": " + COST_HEADER.encode())
+    assert ending.endswith(b"\n\ndata: [DONE]\n\n")

@@ -1,0 +1,130 @@
+"""The adapter protocol: what one API surface (chat completions, Messages, …) tells the shared stages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from app.errors import GatewayError, bad_request
+from app.prompt import PromptView
+
+if TYPE_CHECKING:
+    from app.context import Operation, RequestContext, Usage
+    from app.normalize.placement import TailPlacement
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """What validation learned of a body besides its prompt: streaming, and whether the client wants usage."""
+
+    stream: bool
+    client_wants_usage: bool = False
+
+
+class StreamObserver(Protocol):
+    """Reads one upstream SSE stream event by event: accounts usage into the context, decides what to relay."""
+
+    done: bool  # the upstream sent its protocol's final event
+
+    def observe(self, event: bytes) -> bytes | None:
+        """The bytes to relay for one complete SSE event (None: drop it)."""
+        ...
+
+    def ending(self, trailer: bytes) -> bytes:
+        """What the client gets after the last relayed event: the cost trailer and the protocol's end marker."""
+        ...
+
+
+class Surface(Protocol):
+    """One API surface: parse/validate, prompt view, usage, error envelope, model name mapping."""
+
+    name: str  # a label on spans and metrics: chat_completions, completions, embeddings, …
+    operation: Operation  # the GenAI operation name
+    can_stream: bool
+    normalizable: bool
+    has_tools: bool  # the body's `tools` may be canonicalized
+    template_kwargs: bool  # the body takes `chat_template_kwargs` (vLLM's chat endpoints)
+    output_cap_fields: tuple[str, ...]  # where the body caps its output, newest first
+
+    def validate(self, body: dict[str, Any]) -> Parsed:
+        """Check the body's fields (raise 400 GatewayError); may add what the gateway needs (include_usage)."""
+        ...
+
+    def view(self, body: Mapping[str, Any]) -> PromptView:
+        """The typed view of the body's prompt."""
+        ...
+
+    def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
+        """A copy of `body` with moved volatile lines restated at the tail, in this API's idiom."""
+        ...
+
+    def upstream_body(
+        self, body: dict[str, Any], *, served_model: str, priority: int | None, cache_salt: str | None
+    ) -> dict[str, Any]:
+        """The body vLLM gets: the served model name and the gateway's scheduling fields."""
+        ...
+
+    def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
+        """Record usage, response id and finish reasons from a complete 200 body."""
+        ...
+
+    def public_body(self, body: bytes, served: str, public: str) -> bytes:
+        """A complete body with the served model name put back to the public one."""
+        ...
+
+    def stream_observer(self, ctx: RequestContext, served: str) -> StreamObserver:
+        """A fresh observer for one upstream stream."""
+        ...
+
+    def error_body(self, err: GatewayError) -> bytes:
+        """This API's error envelope."""
+        ...
+
+    def stream_error(self, err: GatewayError) -> bytes:
+        """The SSE event(s) that end a stream that failed midway, in this API's shape."""
+        ...
+
+    def input_messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The prompt as GenAI `gen_ai.input.messages` (role + parts); spans call it only on opt-in."""
+        ...
+
+
+def positive_int(body: Mapping[str, Any], key: str) -> None:
+    """400 unless body[key] is absent or a positive integer."""
+    value = body.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"'{key}' must be a positive integer", param=key)
+
+
+def number_in(body: Mapping[str, Any], key: str, lo: float, hi: float) -> None:
+    """400 unless body[key] is absent or a number in [lo, hi]."""
+    value = body.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be a number between {lo:g} and {hi:g}", param=key)
+
+
+def stream_flag(body: Mapping[str, Any]) -> bool:
+    """The body's `stream` field (400 unless a boolean)."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", param="stream")
+    return stream
+
+
+def usage_count(obj: Mapping[str, Any], key: str) -> int:
+    """A token count from a usage object (0 when absent or not a number)."""
+    value = obj.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def record_usage(into: Usage, prompt: int, completion: int, cached: int) -> None:
+    """Store reported token counts (cached ⊆ prompt)."""
+    into.prompt_tokens = prompt
+    into.completion_tokens = completion
+    into.cached_tokens = cached
+    into.reported = True

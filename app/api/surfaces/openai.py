@@ -1,0 +1,202 @@
+"""What the OpenAI-style surfaces share: the error envelope, `usage`, `choices`, the chunk stream with [DONE]."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
+from app.context import RequestContext, Usage
+from app.errors import GatewayError, bad_request, error_body
+
+_DONE = b"data: [DONE]"
+
+
+def capture_usage(usage_obj: Mapping[str, Any] | None, into: Usage) -> None:
+    """Copy an OpenAI `usage` object (with vLLM's prompt_tokens_details) into the request record."""
+    if not usage_obj:
+        return
+    details = usage_obj.get("prompt_tokens_details")
+    cached = usage_count(details, "cached_tokens") if isinstance(details, Mapping) else 0
+    record_usage(
+        into, usage_count(usage_obj, "prompt_tokens"), usage_count(usage_obj, "completion_tokens"), cached
+    )
+
+
+def note_choices(ctx: RequestContext, choices: object) -> bool:
+    """Record finish reasons; True when a choice carried generated content."""
+    produced = False
+    if not isinstance(choices, list):
+        return produced
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        reason = choice.get("finish_reason")
+        if reason:
+            ctx.finish_reasons.append(reason)
+        delta = choice.get("delta")
+        if (
+            isinstance(delta, dict)
+            and (delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"))
+        ) or choice.get("text"):
+            produced = True
+    return produced
+
+
+def rewrite_model(body: bytes, served: str, public: str) -> bytes:
+    """Put the public model name back where vLLM wrote its served name, without re-serializing."""
+    if served == public:
+        return body
+    return body.replace(b'"model":"' + served.encode() + b'"', b'"model":"' + public.encode() + b'"')
+
+
+def plain_token_chunk(event: bytes) -> bool:
+    """A mid-stream token chunk carries nothing to account for: no usage, finish reason or error.
+
+    Checked on the bytes (vLLM writes compact JSON) so most chunks are relayed without being parsed.
+    """
+    return b'"usage":{' not in event and b'"finish_reason":"' not in event and b'"error"' not in event
+
+
+class ChunkObserver:
+    """OpenAI's chunk stream: relayed untouched but for the model name; the usage-only chunk is dropped
+    when the client did not ask for it (the gateway always does); `data: [DONE]` is sent after the trailer."""
+
+    __slots__ = ("_ctx", "_public_marker", "_rewrite", "_served_marker", "done")
+
+    def __init__(self, ctx: RequestContext, served: str) -> None:
+        self._ctx = ctx
+        self._served_marker = b'"model":"' + served.encode() + b'"'
+        self._public_marker = b'"model":"' + ctx.model.encode() + b'"'
+        self._rewrite = served != ctx.model
+        self.done = False
+
+    def observe(self, event: bytes) -> bytes | None:
+        """Account for one SSE event; return the bytes to forward, or None to drop it."""
+        ctx = self._ctx
+        if event.startswith(_DONE):
+            self.done = True
+            return None  # sent by ending(), after the trailer
+        if not event.startswith(b"data:"):
+            return event
+        if ctx.timing.first_token and plain_token_chunk(event):
+            return event.replace(self._served_marker, self._public_marker) if self._rewrite else event
+        try:
+            doc = orjson.loads(event[5:])
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(doc, dict):
+            return event
+        if ctx.response_id is None:
+            ctx.response_id = doc.get("id")
+        usage = doc.get("usage")
+        choices = doc.get("choices")
+        if usage:
+            capture_usage(usage, ctx.usage)
+        if note_choices(ctx, choices) and not ctx.timing.first_token:
+            ctx.timing.first_token = time.perf_counter()
+        if usage and not choices and not ctx.client_wants_usage:
+            return None
+        if "error" in doc:
+            ctx.error_type = "upstream_stream_error"
+        if self._rewrite:
+            event = event.replace(self._served_marker, self._public_marker)
+        return event
+
+    def ending(self, trailer: bytes) -> bytes:
+        """The trailer, then `data: [DONE]`."""
+        return trailer + b"data: [DONE]\n\n"
+
+
+class OpenAISurface:
+    """Behaviour every OpenAI-style surface shares; subclasses say how to validate and view the prompt."""
+
+    name = "openai"
+    can_stream = True
+    # Whether the body takes vLLM's `priority` and `cache_salt` (the pooling endpoints do not).
+    schedules = True
+    # Whether normalize may rewrite the prompt (embeddings: the vector must be of the text as sent).
+    normalizable = True
+    # The body's `tools` are canonicalized by normalize; `chat_template_kwargs` can pin the date.
+    has_tools = False
+    template_kwargs = False
+    # Where the body caps its output, newest first (limits read and lower these).
+    output_cap_fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+
+    def validate(self, body: dict[str, Any]) -> Parsed:
+        """Common OpenAI fields; always ask for the usage chunk on streams (limits and cost need it)."""
+        self.validate_fields(body)
+        stream = stream_flag(body)
+        if stream and not self.can_stream:
+            raise bad_request(f"{self.name} cannot be streamed", param="stream")
+        positive_int(body, "max_tokens")
+        positive_int(body, "n")
+        number_in(body, "temperature", 0, 2)
+        number_in(body, "top_p", 0, 1)
+        wants_usage = False
+        if stream:
+            options = body.get("stream_options")
+            if options is not None and not isinstance(options, dict):
+                raise bad_request("'stream_options' must be an object", param="stream_options")
+            wants_usage = bool(options and options.get("include_usage"))
+            body["stream_options"] = {**(options or {}), "include_usage": True}
+        return Parsed(stream, wants_usage)
+
+    def validate_fields(self, body: dict[str, Any]) -> None:
+        """The surface's own required fields."""
+
+    def upstream_body(
+        self, body: dict[str, Any], *, served_model: str, priority: int | None, cache_salt: str | None
+    ) -> dict[str, Any]:
+        """The body with the served model name, vLLM's `priority` and `cache_salt`."""
+        if served_model == body.get("model") and (not self.schedules or (priority is None and cache_salt is None)):
+            return body
+        out = dict(body)
+        out["model"] = served_model
+        if self.schedules:
+            if priority is not None:
+                out["priority"] = priority
+            if cache_salt is not None:
+                out["cache_salt"] = cache_salt
+        return out
+
+    def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
+        """Usage, id and finish reasons of a complete body."""
+        usage = doc.get("usage")
+        capture_usage(usage if isinstance(usage, Mapping) else None, ctx.usage)
+        rid = doc.get("id")
+        ctx.response_id = rid if isinstance(rid, str) else None
+        note_choices(ctx, doc.get("choices"))
+
+    def public_body(self, body: bytes, served: str, public: str) -> bytes:
+        """The body with the public model name."""
+        return rewrite_model(body, served, public)
+
+    def stream_observer(self, ctx: RequestContext, served: str) -> ChunkObserver:
+        """OpenAI's chunk observer."""
+        return ChunkObserver(ctx, served)
+
+    def error_body(self, err: GatewayError) -> bytes:
+        """OpenAI's envelope."""
+        return err.body()
+
+    def stream_error(self, err: GatewayError) -> bytes:
+        """An SSE event with OpenAI's error envelope, as OpenAI ends a stream that failed."""
+        return b"data: " + error_body(err.message, err.type, None, err.code or "upstream_error") + b"\n\n"
+
+
+def media_free_parts(content: Any) -> list[dict[str, Any]]:
+    """GenAI message parts of a content value: text verbatim, media by type only (no bytes or URLs)."""
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    parts: list[dict[str, Any]] = []
+    if isinstance(content, list):
+        for item in content:
+            if isinstance(item, dict) and item.get("type") == "text":
+                parts.append({"type": "text", "content": item.get("text", "")})
+            elif isinstance(item, dict):
+                parts.append({"type": str(item.get("type", "unknown"))})
+    return parts
