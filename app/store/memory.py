@@ -35,6 +35,9 @@ US = 1_000_000
 # most); above that the oldest ids go first, so the window shrinks to cap / rate (70 s at 4,300
 # req/s). Nothing in-process replays spend that late: a MemoryStore write cannot time out.
 MAX_SPEND_IDS = 300_000
+# A spend row's last-write time is refreshed at most this often: rows live SPEND_KEEP_S (400 days)
+# after it, so a minute early is nothing, and most requests skip the ordered-map update.
+_TOUCH_US = 60 * US
 
 
 @dataclass(slots=True)
@@ -64,6 +67,8 @@ class RecentIds:
         self._slot_max = max(cap // 64, 1)
         self._expiry: dict[str, int] = {}
         self._slots: deque[tuple[int, list[str]]] = deque()  # (end µs: all expiries are below it, ids)
+        self._tail: list[str] = []  # the newest slot's ids (filed when the first id goes in)
+        self._tail_end = 0
         self._filed = 0  # ids in slots (a re-seen id is filed twice until its old slot goes)
         self.visited = 0  # ids looked at while forgetting: the whole upkeep cost, for tests and stats
 
@@ -85,11 +90,12 @@ class RecentIds:
             return False
         exp = now_us + self._ttl
         self._expiry[rid] = exp
-        end = (exp // self._slot_us + 1) * self._slot_us
-        if slots and slots[-1][0] == end and len(slots[-1][1]) < self._slot_max:
-            slots[-1][1].append(rid)
+        # Any id expiring before a slot's end may go in it (even one filed after a clock step back).
+        if exp < self._tail_end and len(self._tail) < self._slot_max and slots:
+            self._tail.append(rid)
         else:
-            slots.append((end, [rid]))
+            self._tail, self._tail_end = [rid], (exp // self._slot_us + 1) * self._slot_us
+            slots.append((self._tail_end, self._tail))
         self._filed += 1
         while self._filed > self._cap:
             self._forget(slots.popleft())
@@ -144,8 +150,9 @@ class MemoryStore:
         self._month: dict[tuple[str, str], int] = {}
         self._days: dict[tuple[str, str], dict[str, PoolUsage]] = {}
         # (tenant, month or day) -> last write µs, oldest write first: rows expire SPEND_KEEP_S after
-        # their last write, as the Redis keys do (PEXPIRE on every write).
+        # their last write (to the minute), as the Redis keys do (PEXPIRE on every write).
         self._written: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._rows_checked_until = 0  # no row expires before this µs: skips the check per request
         self._seen = RecentIds(SPEND_DEDUPE_S * US, max_spend_ids)
         self._keys: dict[str, str] = {}
         self._tenant_keys: dict[str, set[str]] = {}
@@ -230,15 +237,20 @@ class MemoryStore:
         row.requests += r.requests
         written = self._written
         for key in (month_key, day_key):
-            written[key] = now
-            written.move_to_end(key)
+            if written.get(key, 0) < now - _TOUCH_US:
+                written[key] = now
+                written.move_to_end(key)
 
     def _expire_rows(self, now_us: int) -> None:
+        if now_us < self._rows_checked_until:
+            return
         written = self._written
         cutoff = now_us - SPEND_KEEP_S * US
         while written:
             key, last = next(iter(written.items()))
             if last > cutoff:
+                # The oldest write expires first; until then nothing does (a row written since only moved later).
+                self._rows_checked_until = last + SPEND_KEEP_S * US
                 return
             del written[key]
             # A month is "YYYY-MM", a day "YYYY-MM-DD": one ordered map serves both.
