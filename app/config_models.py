@@ -18,6 +18,9 @@ from app.routing.round_robin import RoundRobinParams
 RouteClassName = Literal["interactive", "bulk"]
 NormalizeMode = Literal["off", "observe", "on"]
 
+# What vLLM's speculative-decoding path refuses ("not yet supported with speculative decoding").
+SPECULATIVE_UNSUPPORTED = ("min_p", "logit_bias")
+
 URL_RE = re.compile(r"^https?://[^\s/:]+(:\d{1,5})?(/[^\s]*)?$")
 
 
@@ -114,9 +117,21 @@ class PoolConfig(_Strict):
     # vLLM started with --scheduling-policy priority: the gateway then sends `priority` per class.
     priority_scheduling: bool = False
     ttft_slo_ms: float = Field(500, gt=0)
-
+    # vLLM started with a --speculative-config (draft or ngram): it refuses some sampling parameters.
+    speculative: bool = False
+    # Top-level request fields this pool cannot serve; a request that sets one goes to a pool of its
+    # model that can (app/routing/capability.py). Default: SPECULATIVE_UNSUPPORTED on a speculative pool.
+    unsupported_params: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
+        default_factory=list
+    )
 
     _policy_object = field_validator("policy", mode="before")(classmethod(lambda cls, v: policy_object(v)))
+
+    @model_validator(mode="after")
+    def _speculative_default(self) -> PoolConfig:
+        if self.speculative and "unsupported_params" not in self.model_fields_set:
+            return self.model_copy(update={"unsupported_params": list(SPECULATIVE_UNSUPPORTED)})
+        return self
 
     def effective_policy(self) -> BaseModel:
         """The routing policy in force: explicit, else prefix affinity when there is a choice."""
@@ -219,6 +234,8 @@ class RoutingConfig(_Strict):
     bulk_borrow_below_utilization: float = Field(0.3, ge=0, le=1)
     breaker: BreakerSettings = BreakerSettings()
     spill: SpillSettings = SpillSettings()
+    # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
+    response_ttl_s: float = Field(3600.0, gt=0)
 
 
 class NormalizeConfig(_Strict):

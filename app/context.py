@@ -155,6 +155,8 @@ class RequestContext:
     cost_usd: float = 0.0
     savings_usd: float = 0.0
     admission: Admission | None = None
+    # (pool, replica URL) the request must go to: it continues a response stored there.
+    pinned: tuple[str, str] | None = None
     settled: bool = False
     # Whether an upstream call was made at all (telemetry tells rejections from upstream failures).
     upstream_called: bool = False

@@ -148,9 +148,11 @@ class Dispatcher:
         backoff = self.cfg.upstream.backoff
         tried: set[str] = set()
         last: GatewayError | None = None
+        if ctx.pinned is not None:
+            retries = 0  # the state lives on that one replica: nowhere else to fail over to
         for attempt in range(1, retries + 2):
             try:
-                route = pick(
+                route = self._pinned(ctx) if ctx.pinned is not None else pick(
                     model=model, decision=ctx.route_class, key=key, cluster=self.cluster,
                     cfg=self.cfg.routing, exclude=frozenset(tried),
                 )  # fmt: skip
@@ -160,6 +162,9 @@ class Dispatcher:
             served = self.cfg.pools[route.pool].served_model
             payload = self._payload(ctx, served, route)
             headers = forward_headers(ctx.request_id)
+            for name in ctx.surface.forward:
+                if name in ctx.headers:
+                    headers[name] = ctx.headers[name]
             self._on_attempt(ctx, headers)
             ctx.upstream_called = True
             assert route.target is not None, "pick always names the replica state"
@@ -196,6 +201,20 @@ class Dispatcher:
         assert last is not None
         raise last
 
+    def _pinned(self, ctx: RequestContext) -> RouteDecision:
+        assert ctx.pinned is not None
+        pool_name, url = ctx.pinned
+        pool = self.cluster.pools.get(pool_name)
+        target = next((r for r in pool.replicas if r.url == url), None) if pool is not None else None
+        if target is None or not target.available():
+            raise GatewayError(
+                503, f"The replica {url} that holds this response's state is not available.",
+                type="service_unavailable", code="response_replica_unavailable",
+            )  # fmt: skip
+        assert pool is not None
+        return RouteDecision(pool=pool_name, replica=url, policy=pool.policy.name, reason="response_affinity",
+                             target=target)  # fmt: skip
+
     @staticmethod
     def _payload(ctx: RequestContext, served: str, route: RouteDecision) -> bytes:
         body = ctx.surface.upstream_body(
@@ -218,4 +237,6 @@ class Dispatcher:
                 ctx.surface.read_reply(doc, ctx)
             body = ctx.surface.public_body(body, served, ctx.model)
             ctx.timing.first_token = ctx.timing.end
+        else:
+            body = ctx.surface.upstream_error(resp.status, body)
         return Complete(resp.status, body, resp.content_type)

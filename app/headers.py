@@ -14,3 +14,4 @@ UPSTREAM_STATUS = "x-kvgate-upstream-status"
 CLASS = "x-kvgate-class"
 NORMALIZE_OPT_OUT = "x-kvgate-normalize"
 RETRY_AFTER = "Retry-After"
+API_KEY = "x-api-key"  # Anthropic's SDK sends its key here

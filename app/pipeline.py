@@ -15,15 +15,17 @@ from typing import Any
 
 import aiohttp
 
+from app.api.surfaces import RESPONSES
 from app.config import GatewayConfig
 from app.context import RequestContext, Tenant
 from app.dispatch import Complete, Dispatcher, StreamRelay
 from app.errors import GatewayError
-from app.headers import LIMIT, NORMALIZE_OPT_OUT, NORMALIZED, REQUEST_ID, ROUTE
+from app.headers import API_KEY, LIMIT, NORMALIZE_OPT_OUT, NORMALIZED, REQUEST_ID, ROUTE
 from app.limits import Limiter
 from app.normalize import VolatilityMemory, normalize, salt_for_tenant
 from app.routing.classify import classify
 from app.routing.prefix_key import routing_key
+from app.routing.response_affinity import Holder, ResponseRoutes, response_not_found
 from app.routing.scraper import Scraper
 from app.routing.state import ClusterState
 from app.settle import Settler
@@ -70,6 +72,7 @@ class Gateway:
         self.memory = VolatilityMemory(capacity_per_tenant=cfg.normalize.memory_per_tenant)
         self.cluster = ClusterState.from_config(cfg)
         self.dispatcher: Dispatcher | None = None
+        self.responses = ResponseRoutes(self.store, cfg.routing.response_ttl_s)
         self._salts: dict[str, str | None] = {}
         self._background: list[asyncio.Task[Any]] = []
 
@@ -131,7 +134,7 @@ class Gateway:
 
     async def _handle(self, ctx: RequestContext) -> Reply:
         # tenancy
-        ctx.tenant = tenant = await self.registry.resolve(ctx.headers.get("authorization"))
+        ctx.tenant = tenant = await self.registry.resolve(ctx.headers.get("authorization"), ctx.headers.get(API_KEY))
         # limits
         ctx.admission = admission = await self.limiter.admit(ctx)
         if admission.degraded is not None:
@@ -158,6 +161,12 @@ class Gateway:
         )
         # pick + upstream
         assert self.dispatcher is not None, "Gateway.start() opens the upstream"
+        previous = ctx.body.get("previous_response_id") if ctx.surface is RESPONSES else None
+        if isinstance(previous, str):
+            holder = await self.responses.recall(previous)
+            if holder is None:
+                raise response_not_found(previous)
+            ctx.pinned = (holder.pool, holder.replica)
         key = routing_key(ctx.prompt.key_head, ctx.cache_salt or tenant.id)
         outcome = await self.dispatcher.run(ctx, model, key)
         if isinstance(outcome, StreamRelay):
@@ -185,8 +194,14 @@ class Gateway:
             headers[LIMIT] = ";".join(ctx.limit_notes)
         return headers
 
+    async def _remember_response(self, ctx: RequestContext) -> None:
+        # Only the Responses API stores responses on the replica (previous_response_id, GET, cancel).
+        if ctx.surface is RESPONSES and ctx.response_id and ctx.route is not None and ctx.status == 200:
+            await self.responses.remember(ctx.response_id, Holder(ctx.route.pool, ctx.route.replica, ctx.model))
+
     async def _complete_reply(self, ctx: RequestContext, reply: Complete) -> Reply:
         ctx.status = reply.status
+        await self._remember_response(ctx)
         # Spend is recorded before the client sees the cost header: acknowledged spend is never lost.
         await self.settler.settle(ctx)
         headers = self._gateway_headers(ctx)
@@ -210,6 +225,7 @@ class Gateway:
                 yield chunk
         finally:
             await events.aclose()
+        await self._remember_response(ctx)
         await self.settler.settle(ctx)
         # Cost and overhead travel as SSE comments: SDKs ignore comments, tools can read them.
         yield relay.observer.ending(sse_trailer(ctx.cost_usd, overhead_s(ctx.timing)))

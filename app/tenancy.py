@@ -115,13 +115,15 @@ class TenantRegistry:
         tc = self._configs.get(tenant_id)
         return tc.reference_price if tc is not None else ReferencePrice()
 
-    async def resolve(self, authorization: str | None) -> Tenant:
-        """The tenant an Authorization header names; 401 (auth required) or anonymous otherwise."""
-        token = bearer_token(authorization)
+    async def resolve(self, authorization: str | None, api_key: str | None = None) -> Tenant:
+        """The tenant an `Authorization: Bearer` (or Anthropic's `x-api-key`) header names; 401 (auth required)
+        or anonymous otherwise."""
+        token = bearer_token(authorization) or (api_key.strip() if api_key and api_key.strip() else None)
         if token is None:
             if self._required:
                 raise invalid_key(
-                    "You didn't provide an API key. Provide it in an Authorization header (Bearer <key>)."
+                    "You didn't provide an API key. Provide it in an Authorization header (Bearer <key>)"
+                    " or an x-api-key header."
                 )
             return self._anonymous
         try:

@@ -16,6 +16,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.admin import admin_router
 from app.api.proxy import InferenceEndpoint
+from app.api.stored_responses import PREFIX as STORED_PREFIX
+from app.api.stored_responses import StoredResponseEndpoint
 from app.api.surfaces import SURFACES
 from app.config import GatewayConfig
 from app.errors import error_body
@@ -33,15 +35,18 @@ class GatewayApp:
     FastAPI's middleware stack and router cost tens of µs per request; the hot path needs none of it.
     """
 
-    def __init__(self, api: FastAPI, inference: ASGIApp, paths: frozenset[str]) -> None:
+    def __init__(self, api: FastAPI, inference: ASGIApp, paths: frozenset[str], stored: ASGIApp) -> None:
         self.api = api
         self._inference = inference
         self._paths = paths
+        self._stored = stored
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Dispatch one ASGI connection."""
         if scope["type"] == "http" and scope["path"] in self._paths:
             await self._inference(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"].startswith(STORED_PREFIX):
+            await self._stored(scope, receive, send)
         else:
             await self.api(scope, receive, send)
 
@@ -110,4 +115,4 @@ def create_app(cfg: GatewayConfig) -> GatewayApp:
         body = error_body(str(first.get("msg", "invalid request")), "invalid_request_error", param, None)
         return Response(body, status_code=400, media_type="application/json")
 
-    return GatewayApp(app, endpoint, frozenset(SURFACES))
+    return GatewayApp(app, endpoint, frozenset(SURFACES), StoredResponseEndpoint(gateway))

@@ -15,7 +15,8 @@ from app.headers import REQUEST_ID
 from app.pipeline import Gateway, Reply
 
 
-def _headers_of(scope: Scope) -> dict[str, str]:
+def headers_of(scope: Scope) -> dict[str, str]:
+    """An ASGI scope's headers as a dict with lowercase names."""
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
@@ -62,7 +63,7 @@ class InferenceEndpoint:
         """Parse, run the pipeline, relay; a client that goes away cancels the work (and the upstream call)."""
         started = time.perf_counter()
         gateway = self._gateway()
-        headers = _headers_of(scope)
+        headers = headers_of(scope)
         request_id = request_id_from(headers)
         surface = SURFACES[scope["path"]]
         if scope["method"] != "POST":

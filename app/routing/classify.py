@@ -58,7 +58,7 @@ def classify(
     n = _int_field(body, "n")
     if n is not None and n > 1:
         return ClassDecision("bulk", "n")
-    max_tokens = _int_field(body, "max_completion_tokens", "max_tokens")
+    max_tokens = _int_field(body, "max_completion_tokens", "max_tokens", "max_output_tokens")
     if max_tokens is not None and max_tokens > cfg.bulk_max_tokens_threshold:
         return ClassDecision("bulk", "max_tokens")
     return ClassDecision(DEFAULT_CLASS, "default")

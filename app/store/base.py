@@ -168,6 +168,14 @@ class Store(Protocol):
         """Unmap a key hash and remember it as revoked; False if the tenant did not hold it."""
         ...
 
+    async def remember(self, name: str, value: str, ttl_s: float) -> None:
+        """Keep a small routing fact (a response id's replica) for `ttl_s` seconds."""
+        ...
+
+    async def recall(self, name: str) -> str | None:
+        """A fact kept by `remember`, while it lives."""
+        ...
+
     async def ping(self) -> None:
         """Raise StoreUnavailable unless the store answers."""
         ...

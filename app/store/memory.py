@@ -28,6 +28,7 @@ from app.store.base import (
     Release,
     SpendRecord,
 )
+from app.store.facts import Facts
 
 US = 1_000_000
 # Redis remembers a spend id for SPEND_DEDUPE_S at any rate; here that would be ~160 B per request
@@ -157,6 +158,7 @@ class MemoryStore:
         self._keys: dict[str, str] = {}
         self._tenant_keys: dict[str, set[str]] = {}
         self._revoked: set[str] = set()
+        self._facts = Facts()
 
     # -- limits --------------------------------------------------------------------------------
     async def admit(
@@ -319,6 +321,14 @@ class MemoryStore:
         self._keys.pop(key_hash, None)
         self._revoked.add(key_hash)
         return True
+
+    async def remember(self, name: str, value: str, ttl_s: float) -> None:
+        """Keep a routing fact in this process (bounded, oldest out first)."""
+        self._facts.put(name, value, ttl_s)
+
+    async def recall(self, name: str) -> str | None:
+        """A fact kept by `remember`, while it lives."""
+        return self._facts.get(name)
 
     async def ping(self) -> None:
         """Always reachable."""

@@ -265,6 +265,15 @@ class RedisStore:
         value = await self._call(self._r.get(f"{self._p}key:{key_hash}"))
         return None if value is None else str(value)
 
+    async def remember(self, name: str, value: str, ttl_s: float) -> None:
+        """SET with an expiry: any gateway replica can read it back."""
+        await self._call(self._r.set(f"{self._p}fact:{name}", value, px=max(int(ttl_s * 1000), 1)))
+
+    async def recall(self, name: str) -> str | None:
+        """GET a remembered fact."""
+        value = await self._call(self._r.get(f"{self._p}fact:{name}"))
+        return None if value is None else str(value)
+
     async def tenant_keys(self, tenant_id: str) -> list[str]:
         """The key hashes a tenant holds, sorted."""
         members = await self._call(self._r.smembers(self._t(tenant_id, "keys")))

@@ -46,6 +46,7 @@ class Surface(Protocol):
     has_tools: bool  # the body's `tools` may be canonicalized
     template_kwargs: bool  # the body takes `chat_template_kwargs` (vLLM's chat endpoints)
     output_cap_fields: tuple[str, ...]  # where the body caps its output, newest first
+    forward: tuple[str, ...]  # request headers passed on to vLLM as they came (anthropic-version)
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Check the body's fields (raise 400 GatewayError); may add what the gateway needs (include_usage)."""
@@ -71,6 +72,10 @@ class Surface(Protocol):
 
     def public_body(self, body: bytes, served: str, public: str) -> bytes:
         """A complete body with the served model name put back to the public one."""
+        ...
+
+    def upstream_error(self, status: int, body: bytes) -> bytes:
+        """An upstream 4xx body as this API's client expects it."""
         ...
 
     def stream_observer(self, ctx: RequestContext, served: str) -> StreamObserver:

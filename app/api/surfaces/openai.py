@@ -8,7 +8,15 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
+from app.api.surfaces.base import (
+    Parsed,
+    StreamObserver,
+    number_in,
+    positive_int,
+    record_usage,
+    stream_flag,
+    usage_count,
+)
 from app.context import RequestContext, Usage
 from app.errors import GatewayError, bad_request, error_body
 
@@ -125,6 +133,7 @@ class OpenAISurface:
     template_kwargs = False
     # Where the body caps its output, newest first (limits read and lower these).
     output_cap_fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    forward: tuple[str, ...] = ()
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Common OpenAI fields; always ask for the usage chunk on streams (limits and cost need it)."""
@@ -175,7 +184,11 @@ class OpenAISurface:
         """The body with the public model name."""
         return rewrite_model(body, served, public)
 
-    def stream_observer(self, ctx: RequestContext, served: str) -> ChunkObserver:
+    def upstream_error(self, status: int, body: bytes) -> bytes:
+        """vLLM's 4xx bodies are OpenAI's envelope already: passed through unchanged."""
+        return body
+
+    def stream_observer(self, ctx: RequestContext, served: str) -> StreamObserver:
         """OpenAI's chunk observer."""
         return ChunkObserver(ctx, served)
 

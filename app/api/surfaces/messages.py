@@ -1,0 +1,293 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages, as vLLM serves it): Claude Code.
+
+Every error on these paths leaves in Anthropic's envelope `{"type":"error","error":{"type","message"}}`
+with the status the Anthropic SDK maps to its exception classes — kvgate's own errors and vLLM's (vLLM
+answers body-validation errors in OpenAI's envelope and its handler errors with its own type names).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
+from app.api.surfaces.openai import rewrite_model
+from app.api.surfaces.sse import event_doc, event_parts, model_markers, named_event
+from app.context import Operation, RequestContext, Usage
+from app.errors import GatewayError, bad_request
+from app.normalize.placement import TailPlacement, render_block
+from app.prompt import HeadBuilder, PromptView, TextSlot, content_chars, text_of, text_slots
+from app.routing.prefix_key import HEAD_CHARS
+
+TOKENS_PER_MESSAGE = 4
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+    529: "overloaded_error",
+}  # fmt: skip
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status (5xx other than overload: api_error)."""
+    return _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_error(status: int, message: str) -> bytes:
+    """Anthropic's error envelope."""
+    return orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
+
+
+def capture_messages_usage(usage: Mapping[str, Any] | None, into: Usage) -> None:
+    """Anthropic usage: input_tokens excludes cache reads and writes, so the prompt is their sum."""
+    if not usage:
+        return
+    read = usage_count(usage, "cache_read_input_tokens")
+    prompt = usage_count(usage, "input_tokens") + read + usage_count(usage, "cache_creation_input_tokens")
+    record_usage(into, prompt, usage_count(usage, "output_tokens"), read)
+
+
+def _block_chars(content: Any) -> int:
+    if not isinstance(content, list):
+        return content_chars(content)
+    chars = 0
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            chars += len(block["text"])
+        elif kind == "tool_use":
+            chars += len(orjson.dumps(block.get("input")))
+        elif kind == "tool_result":
+            chars += _block_chars(block.get("content"))
+    return chars
+
+
+class MessagesObserver:
+    """Relays Messages events untouched but for the model name; message_delta's usage is final."""
+
+    __slots__ = ("_ctx", "_public", "_served", "done")
+
+    def __init__(self, ctx: RequestContext, served: str) -> None:
+        self._ctx = ctx
+        self._served, self._public = model_markers(served, ctx.model) if served != ctx.model else (b"", b"")
+        self.done = False
+
+    def observe(self, event: bytes) -> bytes | None:
+        """Account for one event: id and prompt size at message_start, output and cache at message_delta."""
+        ctx = self._ctx
+        name, data = event_parts(event)
+        if name == b"content_block_delta":
+            if not ctx.timing.first_token:
+                ctx.timing.first_token = time.perf_counter()
+        elif name == b"message_start":
+            doc = event_doc(data)
+            message = doc.get("message") if doc is not None else None
+            if isinstance(message, dict):
+                if isinstance(message.get("id"), str):
+                    ctx.response_id = message["id"]
+                usage = message.get("usage")
+                capture_messages_usage(usage if isinstance(usage, dict) else None, ctx.usage)
+        elif name == b"message_delta":
+            doc = event_doc(data)
+            if doc is not None:
+                usage = doc.get("usage")
+                if isinstance(usage, dict):
+                    capture_messages_usage(usage, ctx.usage)
+                delta = doc.get("delta")
+                if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                    ctx.finish_reasons.append(delta["stop_reason"])
+        elif name == b"message_stop":
+            self.done = True
+        elif name == b"error":
+            ctx.error_type = "upstream_stream_error"
+            self.done = True
+        return event.replace(self._served, self._public) if self._served else event
+
+    def ending(self, trailer: bytes) -> bytes:
+        """The trailer only: message_stop already ended the stream."""
+        return trailer
+
+
+class MessagesSurface:
+    """`system`, `messages` of content blocks, `tools`; errors in Anthropic's envelope."""
+
+    name = "messages"
+    operation: Operation = "chat"
+    can_stream = True
+    normalizable = True
+    has_tools = True
+    template_kwargs = False
+    output_cap_fields: tuple[str, ...] = ("max_tokens",)
+    forward: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
+    require_max_tokens = True
+
+    def validate(self, body: dict[str, Any]) -> Parsed:
+        """`messages` of {role, content}; `max_tokens` required; `system` a string or text blocks."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("messages: must be a non-empty array", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+                raise bad_request(f"messages.{i}: must be an object with role 'user' or 'assistant'")
+            if not isinstance(m.get("content"), str | list):
+                raise bad_request(f"messages.{i}.content: must be a string or an array of content blocks")
+        system = body.get("system")
+        if system is not None and not isinstance(system, str | list):
+            raise bad_request("system: must be a string or an array of text blocks", param="system")
+        if self.require_max_tokens and body.get("max_tokens") is None:
+            raise bad_request("max_tokens: Field required", param="max_tokens")
+        positive_int(body, "max_tokens")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise bad_request("tools: must be an array", param="tools")
+        stream = stream_flag(body)
+        number_in(body, "temperature", 0, 1)
+        number_in(body, "top_p", 0, 1)
+        return Parsed(stream, True)
+
+    def view(self, body: Mapping[str, Any]) -> PromptView:
+        """The system text (string or blocks), then the first user message."""
+        head: list[TextSlot] = []
+        key = HeadBuilder(HEAD_CHARS)
+        system = body.get("system")
+        chars = 0
+        if isinstance(system, str):
+            head.append(TextSlot(("system",), system, -1, -1))
+        elif isinstance(system, list):
+            head.extend(text_slots(-1, system, ("system",)))
+        key.add(text_of(system))
+        chars += content_chars(system)
+        tools = body.get("tools")
+        tool_chars = len(orjson.dumps(tools)) if tools else 0
+        if tools and not key.full:
+            key.add(orjson.dumps(tools)[: key.limit - key.size].decode("utf-8", "ignore"))
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            messages = []
+        framing = 0
+        first_user: int | None = None
+        last_user: int | None = None
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict):
+                continue
+            framing += TOKENS_PER_MESSAGE
+            content = msg.get("content")
+            chars += _block_chars(content)
+            if msg.get("role") == "user":
+                last_user = i
+                if first_user is None:
+                    first_user = i
+                    head.extend(text_slots(i, content, ("messages", i, "content")))
+                    key.add(text_of(content))
+        refs: tuple[str, ...] = ()
+        if last_user is not None and last_user != first_user:
+            refs = tuple(s.text for s in text_slots(last_user, messages[last_user].get("content"), ()))
+        return PromptView(
+            head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars, framing_tokens=framing,
+            tool_chars=tool_chars, restatable=last_user is not None,
+        )  # fmt: skip
+
+    def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
+        """A trailing text block of the last user message (Anthropic keeps system first, always)."""
+        block = render_block(lines)
+        messages = list(body["messages"])
+        for i in range(len(messages) - 1, -1, -1):
+            msg = messages[i]
+            if isinstance(msg, dict) and msg.get("role") == "user":
+                content = msg.get("content")
+                if isinstance(content, str):
+                    new: Any = [{"type": "text", "text": content}, {"type": "text", "text": block}]
+                else:
+                    new = [*(content if isinstance(content, list) else []), {"type": "text", "text": block}]
+                messages[i] = {**msg, "content": new}
+                break
+        return {**body, "messages": messages}
+
+    def upstream_body(
+        self, body: dict[str, Any], *, served_model: str, priority: int | None, cache_salt: str | None
+    ) -> dict[str, Any]:
+        """The served model name and vLLM's `cache_salt` (vLLM's Messages request has no `priority`)."""
+        if served_model == body.get("model") and cache_salt is None:
+            return body
+        out = {**body, "model": served_model}
+        if cache_salt is not None:
+            out["cache_salt"] = cache_salt
+        return out
+
+    def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
+        """Usage, id and stop reason of a complete message."""
+        usage = doc.get("usage")
+        capture_messages_usage(usage if isinstance(usage, Mapping) else None, ctx.usage)
+        rid = doc.get("id")
+        ctx.response_id = rid if isinstance(rid, str) else None
+        if isinstance(doc.get("stop_reason"), str):
+            ctx.finish_reasons.append(doc["stop_reason"])
+
+    def public_body(self, body: bytes, served: str, public: str) -> bytes:
+        """The body with the public model name."""
+        return rewrite_model(body, served, public)
+
+    def upstream_error(self, status: int, body: bytes) -> bytes:
+        """vLLM's error body in Anthropic's envelope (its message kept, its type mapped by status)."""
+        doc = event_doc(body)
+        message = "upstream error"
+        if doc is not None:
+            err = doc.get("error")
+            if isinstance(err, dict) and isinstance(err.get("message"), str):
+                message = err["message"]
+        return anthropic_error(status, message)
+
+    def stream_observer(self, ctx: RequestContext, served: str) -> MessagesObserver:
+        """Messages' event observer."""
+        return MessagesObserver(ctx, served)
+
+    def error_body(self, err: GatewayError) -> bytes:
+        """Anthropic's envelope."""
+        return anthropic_error(err.status, err.message)
+
+    def stream_error(self, err: GatewayError) -> bytes:
+        """Anthropic's `error` event."""
+        return named_event("error", {"type": "error", "error": {"type": anthropic_error_type(err.status),
+                                                                 "message": err.message}})  # fmt: skip
+
+    def input_messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """System, then each message's text, tool_use and tool_result blocks."""
+        out: list[dict[str, Any]] = []
+        system = body.get("system")
+        if system:
+            out.append({"role": "system", "parts": [{"type": "text", "content": text_of(system) or system}]})
+        for msg in body.get("messages") or ():
+            if not isinstance(msg, dict):
+                continue
+            content = msg.get("content")
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+            parts: list[dict[str, Any]] = []
+            for b in blocks:
+                if not isinstance(b, dict):
+                    continue
+                kind = b.get("type")
+                if kind == "text":
+                    parts.append({"type": "text", "content": b.get("text", "")})
+                elif kind == "tool_use":
+                    parts.append({"type": "tool_call", "id": b.get("id"), "name": b.get("name"),
+                                  "arguments": b.get("input")})  # fmt: skip
+                elif kind == "tool_result":
+                    parts.append({"type": "tool_call_response", "id": b.get("tool_use_id"),
+                                  "response": b.get("content")})  # fmt: skip
+                else:
+                    parts.append({"type": str(kind)})
+            out.append({"role": str(msg.get("role", "user")), "parts": parts})
+        return out
+
+
+class CountTokensSurface(MessagesSurface):
+    """POST /v1/messages/count_tokens: the same body without max_tokens, answered by a replica, never streamed."""
+
+    name = "messages_count_tokens"
+    can_stream = False
+    normalizable = False
+    require_max_tokens = False

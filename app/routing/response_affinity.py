@@ -1,0 +1,66 @@
+"""Stored responses live on the replica that made them: remember response id → replica, route back to it.
+
+A Responses request with `previous_response_id`, and GET / cancel of a stored response, must reach that
+replica (vLLM keeps the response in its own process). The mapping goes to the Store (Redis when configured,
+so any gateway replica can route it) with a bounded lifetime; the replica's URL is all that is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from app.errors import GatewayError
+from app.store.base import Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+_PREFIX = "resp:"
+
+
+class Holder(NamedTuple):
+    """Where a stored response lives, and the public model name it was asked under."""
+
+    pool: str
+    replica: str
+    model: str
+
+
+def response_not_found(response_id: str) -> GatewayError:
+    """404 in the shape vLLM answers for an unknown response id."""
+    return GatewayError(404, f"Response with id '{response_id}' not found.", param="response_id",
+                        code="response_not_found")  # fmt: skip
+
+
+def holder_gone(response_id: str, replica: str) -> GatewayError:
+    """503: the replica that holds the response is not in rotation (restarted, removed or failing)."""
+    return GatewayError(
+        503, f"Response '{response_id}' is held by replica {replica}, which is not available; "
+        "its state cannot be moved to another replica.",
+        type="service_unavailable", code="response_replica_unavailable",
+    )  # fmt: skip
+
+
+class ResponseRoutes:
+    """Reads and writes the response id → replica map; a store outage loses affinity, never the request."""
+
+    def __init__(self, store: Store, ttl_s: float) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+
+    async def remember(self, response_id: str, holder: Holder) -> None:
+        """Record where a finished response lives."""
+        try:
+            await self._store.remember(_PREFIX + response_id, "\t".join(holder), self._ttl_s)
+        except StoreUnavailable:
+            log.warning("store unavailable: response %s will not be routable by id", response_id)
+
+    async def recall(self, response_id: str) -> Holder | None:
+        """Where a response lives, if it is remembered."""
+        try:
+            value = await self._store.recall(_PREFIX + response_id)
+        except StoreUnavailable:
+            return None
+        if value is None:
+            return None
+        parts = value.split("\t")
+        return Holder(*parts) if len(parts) == 3 else None
