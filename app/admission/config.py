@@ -39,6 +39,10 @@ class AdmissionConfig(BaseModel):
     kv_usage_threshold: float = Field(0.95, gt=0, le=1)
     # Optional hard cap on the predicted tokens (uncached prompt + output) the gateway has in flight on the pool.
     max_in_flight_tokens: int | None = Field(None, ge=1)
+    # While saturated, this many engine slots per replica are kept for tenants under their fair share of the
+    # slots, so a light tenant's request starts at once instead of waiting for a running one to finish. Costs
+    # that share of the pool's batch (e.g. 2 of 64 sequences, ~3% of tokens/s) whenever a flood saturates it.
+    reserve_per_replica: int = Field(0, ge=0)
     deadline_s: ClassDeadlines = ClassDeadlines()
     # Requests waiting in the gateway for this pool, all tenants together. When full, the tenant with the
     # longest queue loses its newest request to a tenant with a shorter one (so a flood cannot lock others out).

@@ -1,8 +1,10 @@
-"""The pool's in-flight cap while saturated: the concurrency at which the engines' queues sit at the threshold.
+"""The pool's in-flight cap while saturated: the concurrency at which the engines run full with nothing queued.
 
-Scrapes are seconds apart, but the gateway counts its own requests exactly. So the scrape sets a cap on the
+Scrapes are seconds apart, but the gateway counts its own requests exactly. So each scrape sets a cap on the
 gateway's in-flight count, and between scrapes every finished request lets exactly one queued request start
-(one out, one in), which holds the engines at the threshold without waiting for the next scrape.
+(one out, one in). The cap aims at engines that are full with an empty queue: a request queued in an engine is
+served first-come first-served there, so every request kept in the gateway instead is one the fair order decides.
+The pool's capacity (requests running when every replica is full) is learned from the scrapes.
 """
 
 from __future__ import annotations
@@ -11,14 +13,27 @@ from app.admission.config import AdmissionConfig
 from app.admission.saturation import Saturation
 
 
-def next_limit(limit: int | None, in_flight: int, backlog: int, sat: Saturation, cfg: AdmissionConfig) -> int | None:
+def learn_capacity(capacity: int | None, sat: Saturation) -> int | None:
+    """Requests the pool runs at once: what ran when every replica was full; raised when more were seen running."""
+    if sat.full:
+        return sat.running
+    if capacity is not None and sat.running > capacity:
+        return sat.running
+    return capacity
+
+
+def next_limit(limit: int | None, in_flight: int, backlog: int, sat: Saturation, cfg: AdmissionConfig,
+               capacity: int | None = None) -> int | None:  # fmt: skip
     """The cap after a state change (None: no cap, the fast path); `backlog` = requests waiting in the gateway."""
     floor = max(1, sat.replicas)  # one request per replica always proceeds: the queue cannot stall itself
     if sat.replicas_saturated:
-        # Engines queue `excess` beyond the threshold: that many fewer of ours would keep them at it.
-        return max(floor, in_flight - sat.excess)
+        # The engines queue `queued`: that many fewer of ours leaves them full with nothing waiting.
+        return max(floor, in_flight - sat.queued)
     if backlog == 0 or limit is None:
         return None
-    # Room again: probe upwards a threshold's worth per replica and state change; if that overshoots, the next
-    # scrape sees the excess and cuts back.
+    if capacity is not None:
+        # Below the threshold with a known capacity: fill exactly the free slots (or give back the queued ones).
+        return max(floor, in_flight + capacity - sat.running - sat.queued)
+    # Room, capacity unknown: probe upwards a threshold's worth per replica and state change; if that
+    # overshoots, the next scrape sees the engines queue and cuts back.
     return max(limit, in_flight) + max(1, sat.replicas * cfg.max_waiting_per_replica)

@@ -25,9 +25,9 @@ from types import TracebackType
 from typing import Literal
 
 from app.admission.config import AdmissionConfig, RouteClass
-from app.admission.limit import next_limit
+from app.admission.limit import learn_capacity, next_limit
 from app.admission.saturation import ReplicaLoad, Saturation, assess
-from app.admission.vtc import VirtualTokenCounter
+from app.admission.vtc import Entry, VirtualTokenCounter
 
 RejectReason = Literal["queue_full", "deadline"]
 # Slot releases remembered for the service rate behind Retry-After.
@@ -150,6 +150,8 @@ class AdmissionQueue:
         self.in_flight = 0  # tickets granted and not released
         self.in_flight_tokens = 0  # their predicted tokens
         self.limit: int | None = None  # cap on in_flight while engaged; None = no cap
+        self.capacity: int | None = None  # requests the pool's engines run at once, learned from scrapes
+        self.tenant_in_flight: dict[str, int] = {}  # tenants with tickets out
         self.saturation = Saturation(False, None, 0, 0, 0)
         self.waits: dict[str, WaitStats] = {}
         self.served_tokens: dict[str, float] = {}  # charged at start, corrected at settle
@@ -173,7 +175,7 @@ class AdmissionQueue:
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
         if not self.cfg.enabled:
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
-        if len(self._sched) == 0 and self._room(predicted_tokens):
+        if len(self._sched) == 0 and self._room(tenant, predicted_tokens):
             self._sched.serve_direct(tenant, predicted_tokens)
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
         return None
@@ -198,7 +200,8 @@ class AdmissionQueue:
         sat = assess(replicas, self.cfg, self.in_flight_tokens)
         self.saturation = sat
         if self.cfg.enabled:
-            self.limit = next_limit(self.limit, self.in_flight, len(self._sched), sat, self.cfg)
+            self.capacity = learn_capacity(self.capacity, sat)
+            self.limit = next_limit(self.limit, self.in_flight, len(self._sched), sat, self.cfg, self.capacity)
             self._pump()
             self._sched.forget_idle()
         return sat
@@ -236,22 +239,42 @@ class AdmissionQueue:
         return max(ahead / rate, MIN_RETRY_AFTER_S)
 
     # ---------------------------------------------------------------------------------------------- inside
-    def _room(self, tokens: int) -> bool:
-        if self.limit is not None and self.in_flight >= self.limit:
-            return False
+    def _room(self, tenant: str, tokens: int) -> bool:
+        limit = self.limit
+        if limit is not None:
+            reserve = self.cfg.reserve_per_replica * max(1, self.saturation.replicas)
+            if reserve and not self._under_share(tenant, limit):
+                limit = max(limit - reserve, 1)  # the reserved slots are for tenants under their share
+            if self.in_flight >= limit:
+                return False
         cap = self.cfg.max_in_flight_tokens
         # One request always fits on an idle pool, however large: the cap must not refuse it forever.
         return cap is None or self.in_flight == 0 or self.in_flight_tokens + tokens <= cap
 
+    def _under_share(self, tenant: str, limit: int) -> bool:
+        """Fewer slots than its weighted share of `limit`, counting one more tenant than those active (requests
+        out or waiting): the reserve is for whoever is not using its share yet, even a flood's only neighbour."""
+        sched = self._sched
+        active = set(self.tenant_in_flight).union(sched.backlogged())
+        active.add(tenant)
+        total_w = sum(sched.weight(t) for t in active) + self.cfg.default_weight
+        return self.tenant_in_flight.get(tenant, 0) * total_w < limit * sched.weight(tenant)
+
     def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool) -> Ticket:
         self.in_flight += 1
         self.in_flight_tokens += tokens
+        self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
         self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + tokens
         return Ticket(self, tenant, route_class, tokens, waited_s, queued)
 
     def _release(self, ticket: Ticket) -> None:
         self.in_flight -= 1
         self.in_flight_tokens -= ticket.predicted_tokens
+        left = self.tenant_in_flight[ticket.tenant] - 1
+        if left:
+            self.tenant_in_flight[ticket.tenant] = left
+        else:
+            del self.tenant_in_flight[ticket.tenant]
         self._releases.append(self._clock())
         if len(self._sched):
             self._pump()
@@ -292,9 +315,12 @@ class AdmissionQueue:
         while len(sched):
             head = sched.peek()
             assert head is not None
-            if not self._room(head.item.tokens):
-                return
-            sched.pop()
+            if not self._room(head.tenant, head.item.tokens):
+                # The head may only be held by the reserve: then a tenant under its share may use it.
+                head = self._reserve_taker()
+                if head is None:
+                    return
+            sched.pop(head.tenant)
             w = head.item
             if w.future.done():  # cancelled; its task has not run its cleanup yet: undo the charge
                 sched.charge(head.tenant, -head.cost)
@@ -306,6 +332,16 @@ class AdmissionQueue:
             if self._on_wait is not None:
                 self._on_wait(w.tenant, w.route_class, waited)
             w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, queued=True))
+
+    def _reserve_taker(self) -> Entry[_Waiter] | None:
+        """The first waiting entry, in fair order, whose tenant may use the reserved slots now."""
+        if not self.cfg.reserve_per_replica or self.limit is None or self.in_flight >= self.limit:
+            return None
+        for t in self._sched.order():
+            entry = self._sched.head_of(t)
+            if entry is not None and self._room(t, entry.item.tokens):
+                return entry
+        return None
 
     def _expire(self, w: _Waiter) -> None:
         if self._sched.remove(w.tenant, w.route_class, w):

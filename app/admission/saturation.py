@@ -54,6 +54,10 @@ class Saturation:
     saturated_replicas: int
     # Requests waiting in the engines beyond max_waiting_per_replica, summed: how far past the threshold.
     excess: int
+    queued: int = 0  # requests waiting in the engines, summed
+    running: int = 0  # requests running in the engines, summed
+    # Every replica was full (queueing or KV at the threshold): `running` is then the pool's capacity.
+    full: bool = False
 
     @property
     def replicas_saturated(self) -> bool:
@@ -72,16 +76,21 @@ def replica_saturation(replica: ReplicaLoad, cfg: AdmissionConfig) -> Saturation
 
 def assess(replicas: Iterable[ReplicaLoad], cfg: AdmissionConfig, in_flight_tokens: int = 0) -> Saturation:
     """The pool's verdict over its replicas in rotation; none in rotation is not saturated (queueing won't help)."""
-    n = saturated = excess = 0
+    n = saturated = excess = queued = running = full = 0
     reason: SaturationReason | None = None
     for r in replicas:
         n += 1
+        q = r.queued()
+        queued += q
+        running += r.running
+        if r.waiting > 0 or r.kv_usage >= cfg.kv_usage_threshold:
+            full += 1
         why = replica_saturation(r, cfg)
         if why is None:
             continue
         saturated += 1
         reason = reason or why
-        over = r.queued() - cfg.max_waiting_per_replica
+        over = q - cfg.max_waiting_per_replica
         if over > 0:
             excess += over
     all_saturated = n > 0 and saturated == n
@@ -90,4 +99,4 @@ def assess(replicas: Iterable[ReplicaLoad], cfg: AdmissionConfig, in_flight_toke
     cap = cfg.max_in_flight_tokens
     if reason is None and cap is not None and in_flight_tokens >= cap:
         reason = "in_flight_tokens"
-    return Saturation(reason is not None, reason, n, saturated, excess)
+    return Saturation(reason is not None, reason, n, saturated, excess, queued, running, n > 0 and full == n)

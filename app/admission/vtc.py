@@ -97,10 +97,19 @@ class VirtualTokenCounter(Generic[T]):
         t = self._next_tenant()
         return None if t is None else self._backlogs[t].head()
 
-    def pop(self) -> Entry[T] | None:
-        """Take the next entry (lowest counter's tenant, interactive first) and charge its cost."""
-        t = self._next_tenant()
-        if t is None:
+    def order(self) -> list[str]:
+        """Backlogged tenants in the order they would be served if nothing changed their counters."""
+        return sorted(self._backlogs, key=lambda t: (self.counters[t], len(self._backlogs[t]), self._backlogs[t].since))
+
+    def head_of(self, tenant: str) -> Entry[T] | None:
+        """The entry the tenant would start next (interactive first)."""
+        b = self._backlogs.get(tenant)
+        return None if b is None else b.head()
+
+    def pop(self, tenant: str | None = None) -> Entry[T] | None:
+        """Take the next entry (lowest counter's tenant, or `tenant`'s; interactive first) and charge its cost."""
+        t = self._next_tenant() if tenant is None else tenant
+        if t is None or t not in self._backlogs:
             return None
         entry = self._backlogs[t].head()
         self._drop(entry)

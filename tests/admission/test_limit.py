@@ -1,16 +1,15 @@
 from app.admission.config import AdmissionConfig
-from app.admission.limit import next_limit
+from app.admission.limit import learn_capacity, next_limit
 from app.admission.saturation import Saturation
 
 CFG = AdmissionConfig(enabled=True, max_waiting_per_replica=4)
-SATURATED = Saturation(True, "waiting", replicas=2, saturated_replicas=2, excess=6)
-HOLDING = Saturation(True, "waiting", replicas=2, saturated_replicas=2, excess=0)
-ROOM = Saturation(False, None, replicas=2, saturated_replicas=1, excess=0)
+SATURATED = Saturation(True, "waiting", replicas=2, saturated_replicas=2, excess=6, queued=14, running=60,
+                       full=True)  # fmt: skip
+ROOM = Saturation(False, None, replicas=2, saturated_replicas=1, excess=0, queued=0, running=50)
 
 
-def test_saturation_caps_in_flight_at_what_keeps_the_engines_at_the_threshold() -> None:
-    assert next_limit(None, 40, 0, SATURATED, CFG) == 34
-    assert next_limit(None, 40, 0, HOLDING, CFG) == 40
+def test_saturation_caps_in_flight_at_what_leaves_the_engines_full_with_nothing_queued() -> None:
+    assert next_limit(None, 74, 0, SATURATED, CFG) == 60
 
 
 def test_the_cap_never_drops_below_one_request_per_replica() -> None:
@@ -19,6 +18,19 @@ def test_the_cap_never_drops_below_one_request_per_replica() -> None:
 
 def test_room_with_nothing_waiting_removes_the_cap() -> None:
     assert next_limit(34, 30, 0, ROOM, CFG) is None
+
+
+def test_with_a_known_capacity_the_cap_fills_exactly_the_free_slots() -> None:
+    assert next_limit(60, 50, 5, ROOM, CFG, capacity=60) == 60
+    below = Saturation(False, None, replicas=2, saturated_replicas=2, excess=0, queued=3, running=60, full=True)
+    assert next_limit(63, 63, 5, below, CFG, capacity=60) == 60
+
+
+def test_capacity_is_what_runs_when_every_replica_is_full() -> None:
+    assert learn_capacity(None, SATURATED) == 60
+    assert learn_capacity(None, ROOM) is None
+    assert learn_capacity(40, ROOM) == 50  # more ran than we thought possible
+    assert learn_capacity(70, SATURATED) == 60
 
 
 def test_room_with_waiters_raises_the_cap_a_threshold_per_replica() -> None:

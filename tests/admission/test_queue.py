@@ -8,18 +8,20 @@ from app.admission.queue import AdmissionQueue, AdmissionRejected, Ticket
 from tests.admission.fakes import FakeClock, FakeReplica
 
 CFG = AdmissionConfig(enabled=True, max_waiting_per_replica=4)
-SATURATED = [FakeReplica(waiting=4, running=8)]  # at the threshold: excess 0, the cap holds in-flight where it is
+SATURATED = [FakeReplica(waiting=4, running=8)]  # 4 queued in the engine: the cap is 4 below what is in flight
 IDLE = [FakeReplica()]
 
 
 def saturated_queue(held: int, cfg: AdmissionConfig = CFG, **kw: object) -> tuple[AdmissionQueue, list[Ticket]]:
     """A queue with `held` tickets in flight and a scrape saying the pool is saturated: the cap is `held`."""
     q = AdmissionQueue(cfg, **kw)  # type: ignore[arg-type]
-    tickets = [q.try_admit("warm", "bulk", 10) for _ in range(held)]
+    tickets = [q.try_admit("warm", "bulk", 10) for _ in range(held + 4)]
     assert all(t is not None for t in tickets)
     assert q.on_state_change(SATURATED).saturated
-    assert q.limit == held
-    return q, [t for t in tickets if t is not None]
+    assert q.limit == held and q.capacity == 8
+    for t in tickets[held:]:
+        t.release()  # type: ignore[union-attr]
+    return q, [t for t in tickets[:held] if t is not None]
 
 
 async def settle_loop() -> None:
@@ -168,15 +170,15 @@ async def test_settle_corrects_the_charge_with_the_actual_tokens() -> None:
     assert q.served_tokens == {"a": 300} and q.counters()["a"] == 300 and q.in_flight == 0
 
 
-async def test_a_scrape_with_room_again_raises_the_cap_and_then_lifts_it() -> None:
+async def test_a_scrape_with_room_again_fills_the_free_slots_and_then_lifts_the_cap() -> None:
     q, held = saturated_queue(2)
     waiters = [asyncio.create_task(q.acquire("a", "bulk", 10)) for _ in range(6)]
     await settle_loop()
-    q.on_state_change([FakeReplica(waiting=0)])
+    q.on_state_change([FakeReplica(waiting=0, running=4)])  # capacity 8: 4 free slots
     assert q.limit == 2 + 4
     await settle_loop()
     assert sum(t.done() for t in waiters) == 4
-    q.on_state_change([FakeReplica(waiting=0)])
+    q.on_state_change([FakeReplica(waiting=0, running=4)])
     await settle_loop()
     assert all(t.done() for t in waiters) and q.queue_len == 0
     q.on_state_change([FakeReplica(waiting=0)])
@@ -185,15 +187,34 @@ async def test_a_scrape_with_room_again_raises_the_cap_and_then_lifts_it() -> No
         t.release()
 
 
-async def test_excess_in_the_engines_lowers_the_cap_below_what_is_in_flight() -> None:
+async def test_engine_queue_lowers_the_cap_below_what_is_in_flight() -> None:
     q = AdmissionQueue(CFG)
     held = [q.try_admit("a", "bulk", 1) for _ in range(20)]
     q.on_state_change([FakeReplica(waiting=10, running=10)])
-    assert q.limit == 14
+    assert q.limit == 10
     assert q.try_admit("b", "bulk", 1) is None
-    for t in held[:7]:
+    for t in held[:11]:
         t.release()  # type: ignore[union-attr]
     assert q.try_admit("b", "bulk", 1) is not None
+
+
+async def test_the_reserve_is_left_to_a_tenant_under_its_share() -> None:
+    cfg = AdmissionConfig(enabled=True, reserve_per_replica=2)
+    q = AdmissionQueue(cfg)
+    flood = [q.try_admit("heavy", "bulk", 1) for _ in range(14)]
+    q.on_state_change([FakeReplica(waiting=4, running=10)])
+    assert q.limit == 10
+    for t in flood[:6]:
+        t.release()  # type: ignore[union-attr]
+    # 8 in flight: heavy, over its share, may not take the last 2 slots ...
+    heavy = asyncio.create_task(q.acquire("heavy", "bulk", 1))
+    await settle_loop()
+    assert not heavy.done()
+    # ... a light tenant with nothing out starts at once, past heavy's waiting request.
+    light = asyncio.create_task(q.acquire("light", "bulk", 1))
+    await settle_loop()
+    assert light.done() and q.in_flight == 9 and q.queue_lengths() == {"heavy": 1}
+    heavy.cancel()
 
 
 async def test_the_in_flight_token_cap_queues_but_always_lets_one_through() -> None:
@@ -226,7 +247,7 @@ async def test_waits_are_measured_and_reported() -> None:
 async def test_retry_after_follows_the_release_rate() -> None:
     clock = FakeClock()
     q, held = saturated_queue(1, clock=clock)
-    for _ in range(10):  # ten requests through one slot, one every 0.1 s: 10 releases per second
+    for _ in range(70):  # requests through one slot, one every 0.1 s: 10 releases per second
         task = asyncio.create_task(q.acquire("x", "bulk", 1))
         await settle_loop()
         clock.advance(0.1)
