@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from app.config import ModelConfig, RoutingConfig
 from app.context import ClassDecision, RouteDecision
 from app.errors import upstream_unavailable
+from app.routing.capability import serving_pools
 from app.routing.priority import priority_for
 from app.routing.spill import SpillTuning, cached_home_and_other, decide_spill, saturation
 from app.routing.state import ClusterState, PoolState
@@ -26,20 +30,26 @@ def pick(
     cfg: RoutingConfig,
     exclude: frozenset[str] = frozenset(),
     tuning: SpillTuning | None = None,
+    body: Mapping[str, Any] | None = None,
 ) -> RouteDecision:
     """Route one request; `exclude` holds replica URLs already tried (a failover retry).
 
-    Raises GatewayError 503 when no replica that may take the request is in rotation.
+    With `body`, only pools that can serve its parameters are used (app/routing/capability.py).
+    Raises GatewayError 503 when no replica that may take the request is in rotation, 400 when no pool
+    of the model can serve the body's parameters.
     """
     route_class = decision.route_class
     if tuning is None:
         tuning = cfg.spill
     home, other = cached_home_and_other(model, route_class, cluster)
+    reason: str | None = None
+    detail = ""
+    if body is not None:
+        serving = serving_pools(model, cluster.pools, home, other, body)
+        home, other, reason, detail = serving.home, serving.other, serving.reason, serving.detail
     may_leave = other is not None and cfg.allow_spill
     target = home
     candidates = home.candidates(exclude)
-    reason: str | None = None
-    detail = ""
     if may_leave and other is not None:
         if candidates:
             # Spill-over moves work between the two roles; a second pool of the same role only fails over.
