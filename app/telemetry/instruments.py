@@ -38,8 +38,8 @@ TENANT_TOKENS = MetricSpec(
     ("tenant", "pool", "type"),
 )  # fmt: skip
 REQUESTS = MetricSpec(
-    "gateway.requests", "{request}", "Requests by tenant, pool, class and HTTP status",
-    ("tenant", "pool", "class", "status"),
+    "gateway.requests", "{request}", "Requests by tenant, pool, class, HTTP status and API surface",
+    ("tenant", "pool", "class", "status", "api"),
 )  # fmt: skip
 RATE_LIMITED = MetricSpec(
     "gateway.rate_limited", "{request}", "Requests over a limit, by limit and action", ("tenant", "limit", "action")

@@ -165,7 +165,7 @@ class Telemetry:
         try:
             tenant = ctx.tenant.id if ctx.tenant is not None else _UNKNOWN_TENANT
             with self._store.lock:
-                self._inst.requests.add((tenant, None, None, str(status)), 1)
+                self._inst.requests.add((tenant, None, None, str(status), ctx.surface.name), 1)
                 if status == 429 and reason in LIMIT_NAMES:
                     self._inst.rate_limited.add((tenant, reason, "reject"), 1)
             if open_ is not None and open_.server is not None:
@@ -257,7 +257,7 @@ class Telemetry:
         report = ctx.normalize_report
         charge = 0.0
         with self._store.lock:
-            inst.requests.add((tenant, pool, rclass, str(ctx.status)), 1)
+            inst.requests.add((tenant, pool, rclass, str(ctx.status), ctx.surface.name), 1)
             if timing.start:
                 inst.overhead.record((pool, "true" if ctx.stream else "false"), overhead_s(timing, end))
             if report is not None:

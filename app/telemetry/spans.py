@@ -56,6 +56,7 @@ KV_COST = "kvgate.cost_usd"
 KV_SAVINGS = "kvgate.savings_usd"
 KV_OVERHEAD_MS = "kvgate.overhead_ms"
 KV_REQUEST_ID = "kvgate.request_id"
+KV_API = "kvgate.api"
 KV_REJECTED = "kvgate.rejected_reason"
 KV_NORMALIZE_MODE = "kvgate.normalize.mode"
 KV_NORMALIZE_MOVED = "kvgate.normalize.moved"
@@ -123,7 +124,7 @@ def client_start_attributes(ctx: RequestContext, served_model: str, address: tup
 
 def gateway_attributes(ctx: RequestContext) -> dict[str, Any]:
     """kvgate.* attributes: who paid, where it ran, why, what it cost, what normalization did."""
-    attrs: dict[str, Any] = {KV_COST: ctx.cost_usd, KV_SAVINGS: ctx.savings_usd}
+    attrs: dict[str, Any] = {KV_COST: ctx.cost_usd, KV_SAVINGS: ctx.savings_usd, KV_API: ctx.surface.name}
     if ctx.tenant is not None:
         attrs[KV_TENANT] = ctx.tenant.id
     route = ctx.route
