@@ -25,6 +25,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from app.api.surfaces import CHAT
 from app.config import ModelConfig
 from app.context import Tenant
 from app.normalize import VolatilityMemory, normalize
@@ -135,7 +136,7 @@ def main() -> None:
 
         def call(body: dict[str, Any]) -> Any:
             mem = memory if memory is not None else VolatilityMemory()
-            return normalize(body, operation="chat", tenant=tenant, model=model, memory=mem, opt_out=False, now=NOW)
+            return normalize(body, surface=CHAT, tenant=tenant, model=model, memory=mem, opt_out=False, now=NOW)
 
         return call
 
