@@ -223,20 +223,27 @@ kv_ports_of() {
   if [[ "$1" == fast ]]; then echo "$FAST_KV_PORT $FAST_KV_REPLAY_PORT"; else echo "$BULK_KV_PORT $BULK_KV_REPLAY_PORT"; fi
 }
 
-# Every process of a server (API server, EngineCore, workers) inherits this
-# variable, so `stop` and the supervisor find an instance's processes after its
-# API server was killed and its children were re-parented, without matching
-# command lines of unrelated processes.
+# How `stop` and the supervisor find every process of a server (API server,
+# EngineCore, workers, resource tracker), also after a killed API server left
+# its children re-parented to init, without matching command lines of unrelated
+# processes: each of them inherits the run's log as its stdout, and the marker
+# variable below. Both are needed: vLLM retitles EngineCore and Worker with
+# setproctitle, which blanks /proc/<pid>/environ, and a process could
+# redirect its stdout.
 marker_of() {
   printf 'KVGATE_VLLM_INSTANCE=%s/%s' "$RUN" "$1"
 }
 
 instance_pids() {
   local f
-  { grep -lzxF -- "$(marker_of "$1")" /proc/[0-9]*/environ 2>/dev/null || true; } | while read -r f; do
+  {
+    # A rotated log keeps its name prefix; one rotated out of existence reads "<path> (deleted)".
+    find /proc/[0-9]*/fd/1 -maxdepth 0 -lname "$RUN/$1.log*" 2>/dev/null || true
+    grep -lzxF -- "$(marker_of "$1")" /proc/[0-9]*/environ 2>/dev/null || true
+  } | while read -r f; do
     f="${f#/proc/}"
-    echo "${f%/environ}"
-  done
+    echo "${f%%/*}"
+  done | sort -u
 }
 
 # TERM every process of the instance, KILL what is left after `grace` seconds.
