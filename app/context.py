@@ -10,9 +10,10 @@ from app.store.base import LimitReason, LimitSpec
 
 if TYPE_CHECKING:
     from app.api.surfaces.base import Surface
+    from app.kvcache.tokens import PromptBlocks
     from app.routing.state import ReplicaState
 
-Operation = Literal["chat", "text_completion", "embeddings"]
+Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
 RouteClass = Literal["interactive", "bulk"]
 
 
@@ -100,6 +101,7 @@ class RouteDecision:
     attempt: int = 1
     detail: str = ""  # why it left the home pool (spill/failover), for the span
     target: ReplicaState | None = None  # set by pick; None only in records built outside routing
+    cached_tokens: int | None = None  # prompt tokens the replica is predicted to reuse (kv_events)
 
 
 @dataclass(slots=True)
@@ -155,6 +157,8 @@ class RequestContext:
     cost_usd: float = 0.0
     savings_usd: float = 0.0
     admission: Admission | None = None
+    # The prompt's exact KV block hashes, when a pool of the model routes on KV events.
+    blocks: PromptBlocks | None = None
     # (pool, replica URL) the request must go to: it continues a response stored there.
     pinned: tuple[str, str] | None = None
     settled: bool = False

@@ -83,7 +83,7 @@ def cap_max_tokens(body: dict[str, Any], cap: int, fields: tuple[str, ...] = OUT
         if isinstance(value, int):
             body[key] = min(value, cap)
             present = True
-    if not present:
+    if not present and fields:  # a surface with no output cap (tokenize, pooling) has nothing to lower
         body[fields[-1]] = cap
 
 

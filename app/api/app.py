@@ -76,11 +76,22 @@ def create_app(cfg: GatewayConfig) -> GatewayApp:
 
     endpoint = InferenceEndpoint(gateway)
 
+    cards = {m.name: {"id": m.name, "object": "model", "created": started, "owned_by": "kvgate"} for m in cfg.models}
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:
         """The public model names from the config."""
-        data = [{"id": m.name, "object": "model", "created": started, "owned_by": "kvgate"} for m in cfg.models]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": list(cards.values())}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> Response:
+        """One model, as /v1/models lists it (vLLM 0.32 has no such route: the gateway answers from its config)."""
+        card = cards.get(model_id)
+        if card is None:
+            body = error_body(f"The model `{model_id}` does not exist.", "invalid_request_error", "model",
+                              "model_not_found")  # fmt: skip
+            return Response(body, status_code=404, media_type="application/json")
+        return _OrjsonResponse(card)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

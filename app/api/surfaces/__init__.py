@@ -7,6 +7,7 @@ from app.api.surfaces.chat import ChatSurface
 from app.api.surfaces.completions import CompletionsSurface
 from app.api.surfaces.embeddings import EmbeddingsSurface
 from app.api.surfaces.messages import CountTokensSurface, MessagesSurface
+from app.api.surfaces.passthrough import PASSTHROUGH_SURFACES
 from app.api.surfaces.responses import ResponsesSurface
 
 CHAT = ChatSurface()
@@ -24,6 +25,7 @@ SURFACES: dict[str, Surface] = {
     "/v1/responses": RESPONSES,
     "/v1/messages": MESSAGES,
     "/v1/messages/count_tokens": COUNT_TOKENS,
+    **PASSTHROUGH_SURFACES,
 }
 
 __all__ = [
