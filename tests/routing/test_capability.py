@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 
 from app.config import ConfigError, GatewayConfig, load_config, parse_config
@@ -12,6 +14,8 @@ from app.errors import GatewayError
 from app.routing.capability import refused_param, sets_param
 from app.routing.pick import pick
 from app.routing.state import ClusterState
+from app.sim.testing import running_sim
+from tests.conftest import running_gateway
 from tests.routing.factory import PRICE, make_cluster, make_config, set_load
 
 INTERACTIVE = ClassDecision("interactive", "stream")
@@ -149,3 +153,62 @@ def test_without_a_body_pick_ignores_capabilities() -> None:
     cfg = make_config(fast_extra=SPECULATIVE)
     got = pick(model=cfg.models[0], decision=INTERACTIVE, key=7, cluster=make_cluster(cfg), cfg=cfg.routing)
     assert got.pool == "fast"
+
+
+# -- through the gateway ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_pools() -> Iterator[str]:
+    """A gateway with a speculative `fast` pool that refuses min_p/logit_bias/top_k and a `bulk` pool, on sims."""
+    price = {"input_per_m": 1.0, "cached_input_per_m": 0.1, "output_per_m": 2.0}
+    with running_sim(model="served-model") as fast, running_sim(model="served-model") as bulk:
+        cfg = parse_config(
+            {
+                "models": [{"name": "m", "pools": ["fast", "bulk"]}],
+                "pools": {
+                    "fast": {"role": "interactive", "served_model": "served-model", "replicas": [fast],
+                             "price": price, **SPECULATIVE},
+                    "bulk": {"role": "bulk", "served_model": "served-model", "replicas": [bulk], "price": price},
+                },
+                "auth": {"required": False},
+                "routing": {"allow_spill": False},
+            },
+            env={},
+        )  # fmt: skip
+        with running_gateway(cfg) as gw:
+            yield gw
+
+
+def test_gateway_sends_a_refused_parameter_to_the_capable_pool_and_says_why(two_pools: str) -> None:
+    client = openai.OpenAI(base_url=two_pools + "/v1", api_key="x", max_retries=0)
+    msgs: list[Any] = [{"role": "user", "content": "hi"}]
+    plain = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=4)
+    assert "pool=fast;" in plain.headers["x-kvgate-route"]
+    raw = client.chat.completions.with_raw_response.create(
+        model="m", messages=msgs, max_tokens=4, extra_body={"top_k": 20}
+    )
+    assert raw.parse().choices[0].message.content is not None
+    route_header = raw.headers["x-kvgate-route"]
+    assert "pool=bulk;" in route_header and "pick=capability:top_k;" in route_header
+
+
+def test_gateway_answers_400_when_no_pool_of_the_model_can_serve_the_parameters() -> None:
+    price = {"input_per_m": 1.0, "output_per_m": 2.0}
+    with running_sim(model="served-model") as fast:
+        cfg = parse_config(
+            {"models": [{"name": "m", "pools": ["fast"]}],
+             "pools": {"fast": {"role": "interactive", "served_model": "served-model", "replicas": [fast],
+                                "price": price, "speculative": True}},
+             "auth": {"required": False}},
+            env={},
+        )  # fmt: skip
+        with running_gateway(cfg) as gw:
+            client = openai.OpenAI(base_url=gw + "/v1", api_key="x", max_retries=0)
+            ok = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                                extra_body={"min_p": 0})  # fmt: skip
+            assert ok.choices
+            with pytest.raises(openai.BadRequestError) as err:
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                               extra_body={"min_p": 0.1})  # fmt: skip
+    assert err.value.code == "unsupported_parameter" and err.value.param == "min_p"
