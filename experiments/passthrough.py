@@ -42,7 +42,9 @@ async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
     await state["s"].close()
 
 
-app = Starlette(routes=[Route("/v1/chat/completions", proxy, methods=["POST"])], lifespan=lifespan)
+# Any path relays the same way; experiments/peers.py also sends the Responses and Messages surfaces.
+app = Starlette(routes=[Route(path, proxy, methods=["POST"])
+                        for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages")], lifespan=lifespan)
 
 if __name__ == "__main__":
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",

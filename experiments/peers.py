@@ -13,12 +13,20 @@ Every proxy runs one worker pinned to core 0 (taskset) in front of the same inst
   so a run limited by the load side or by a neighbour is visible in the table instead of hidden.
 - p50 latency at concurrency 1, minus the upstream's own p50 (direct, same client) = added p50.
 
+The same modes run on the agent surfaces too (--surfaces): POST /v1/responses (`input`, `max_output_tokens`)
+and POST /v1/messages (Anthropic: `x-api-key`, `anthropic-version`, `max_tokens`), answered by the instant
+upstream in vLLM 0.32's shapes. Those modes are named `responses/<mode>` and `messages/<mode>`; they run on
+the pass-through (it relays bytes, whatever the path) and the kvgate variants, not on LiteLLM (its
+/v1/messages translates to chat completions for an OpenAI-compatible backend, so it would not be the same
+work). A second table lists them, a third the CPU per request of each surface over chat's, per mode.
+
 The load generator is `wrk` (C, one thread) when installed, so the client costs little of core 1;
 otherwise experiments/overhead.py's aiohttp loop. LiteLLM comes from its own venv (scripts/peer-venvs.sh litellm).
 
     scripts/peer-venvs.sh litellm
     apt-get install wrk   # optional, recommended: a C load generator
     .venv/bin/python experiments/peers.py [--seconds 6] [--concurrency 64] [--repeats 3] [--json samples.json]
+        [--surfaces chat,responses,messages] [--modes non-stream,stream-16,stream-128]
 """
 
 from __future__ import annotations
@@ -35,26 +43,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import MODES, PY, ROOT, TICKS, gateway_config, load, p50
+from overhead import MODES, PY, ROOT, TICKS, gateway_config, p50
 from procs import Proc, free_port
 
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache/kvgate"))
 LITELLM_VENV = CACHE / "litellm-venv"
 KEY = "sk-bench"
 PROXY_CORE, LOAD_CORE = "0", "1"
+SURFACES = ("chat", "responses", "messages")
+ANTHROPIC_VERSION = "2023-06-01"
 
 _WRK_LUA = """
 wrk.method = "POST"
 wrk.body = %s
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer %s"
+%s
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format('{"requests":%%d,"duration_us":%%d,"p50_us":%%d,"status_errors":%%d,' ..
@@ -125,20 +137,98 @@ class Run:
     side_cpu: float = 0.0  # upstream + load generator, both on LOAD_CORE
 
 
+def split_mode(mode: str) -> tuple[str, str]:
+    """`responses/stream-16` -> (surface, chat mode); a bare chat mode name is the chat surface."""
+    surface, _, base = mode.rpartition("/")
+    return surface or "chat", base
+
+
+def _chat_body(stream: bool, tokens: int) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": tokens,
+            "stream": stream}
+
+
+def _responses_body(stream: bool, tokens: int) -> dict[str, object]:
+    return {"model": "m", "input": "hello there", "max_output_tokens": tokens, "stream": stream}
+
+
+def _messages_body(stream: bool, tokens: int) -> dict[str, object]:
+    return {"model": "m", "max_tokens": tokens, "messages": [{"role": "user", "content": "hello there"}],
+            "stream": stream}
+
+
+# surface -> (path, body for (stream, tokens)); the same prompt and output length on every surface.
+_SURFACE_REQUESTS: dict[str, tuple[str, Callable[[bool, int], dict[str, object]]]] = {
+    "chat": ("/v1/chat/completions", _chat_body),
+    "responses": ("/v1/responses", _responses_body),
+    "messages": ("/v1/messages", _messages_body),
+}
+
+
 def body_for(mode: str) -> bytes:
     """The request body every proxy gets in `mode`."""
-    stream, tokens = MODES[mode]
-    return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}],
-                         "max_tokens": tokens, "stream": stream})
+    surface, base = split_mode(mode)
+    stream, tokens = MODES[base]
+    return orjson.dumps(_SURFACE_REQUESTS[surface][1](stream, tokens))
+
+
+def path_for(mode: str) -> str:
+    """The request path of `mode`'s surface."""
+    return _SURFACE_REQUESTS[split_mode(mode)[0]][0]
+
+
+def headers_for(mode: str) -> dict[str, str]:
+    """Request headers: Bearer auth, or what the Anthropic SDK sends on Messages (x-api-key, anthropic-version)."""
+    if split_mode(mode)[0] == "messages":
+        return {"content-type": "application/json", "x-api-key": KEY, "anthropic-version": ANTHROPIC_VERSION}
+    return {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+
+
+def _wrk_headers(mode: str) -> str:
+    lines = []
+    for name, value in headers_for(mode).items():
+        if name != "content-type":
+            title = "-".join(part.capitalize() for part in name.split("-"))
+            lines.append(f'wrk.headers["{title}"] = "{value}"')
+    return "\n".join(lines)
+
+
+async def load(url: str, mode: str, concurrency: int, seconds: float) -> tuple[int, list[float], int]:
+    """Closed loop (experiments/overhead.py's, on any surface): `concurrency` workers for `seconds`, then drain;
+    returns (ok count, latencies, errors)."""
+    body = body_for(mode)
+    headers = headers_for(mode)
+    target = url + path_for(mode)
+    lat: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        async def worker() -> None:
+            nonlocal errors
+            while time.perf_counter() < stop_at:
+                t = time.perf_counter()
+                try:
+                    async with s.post(target, data=body, headers=headers) as r:
+                        await r.read()
+                        ok = r.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                if ok:
+                    lat.append(time.perf_counter() - t)
+                else:
+                    errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return len(lat), lat, errors
 
 
 def run_wrk(url: str, mode: str, concurrency: int, seconds: float, tmp: Path) -> Run:
     """One wrk run pinned to LOAD_CORE; returns its counts and the client's own CPU seconds in side_cpu."""
-    script = tmp / f"{mode}.lua"
-    script.write_text(_WRK_LUA % (json.dumps(body_for(mode).decode()), KEY))
+    script = tmp / f"{mode.replace('/', '-')}.lua"
+    script.write_text(_WRK_LUA % (json.dumps(body_for(mode).decode()), _wrk_headers(mode)))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{concurrency}", f"-d{seconds:.0f}s",
-                          "--timeout", "30s", "-s", str(script), url + "/v1/chat/completions"],
+                          "--timeout", "30s", "-s", str(script), url + path_for(mode)],
                          capture_output=True, text=True, check=True, timeout=seconds + 60)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     doc = json.loads(out.stdout.strip().splitlines()[-1])
@@ -150,10 +240,9 @@ def run_wrk(url: str, mode: str, concurrency: int, seconds: float, tmp: Path) ->
 
 def run_python(url: str, mode: str, concurrency: int, seconds: float) -> Run:
     """One run with overhead.py's aiohttp loop (in this process, which sits on LOAD_CORE)."""
-    stream, tokens = MODES[mode]
     before = time.process_time()
     t0 = time.perf_counter()
-    n, lat, errors = asyncio.run(load(url, stream, tokens, concurrency, seconds, KEY))
+    n, lat, errors = asyncio.run(load(url, mode, concurrency, seconds))
     return Run(ok=n, seconds=time.perf_counter() - t0, p50_ms=1000 * p50(lat), errors=errors,
                side_cpu=time.process_time() - before)
 
@@ -256,6 +345,22 @@ def table(bench: Bench, names: list[str], modes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def surfaces_table(bench: Bench, names: list[str], modes: list[str], surfaces: list[str]) -> str:
+    """CPU per request of each agent surface over chat's, per proxy and chat mode (1.00 = as cheap as chat)."""
+    others = [s for s in surfaces if s != "chat"]
+    head = "| proxy | mode | chat CPU ms/req | " + " | ".join(f"{s} CPU ms/req | {s} / chat" for s in others) + " |"
+    lines = [head, "|---|---|---:|" + "---:|---:|" * len(others)]
+    for mode in modes:
+        for name in names:
+            chat = bench.median(name, mode)["cpu_ms"]
+            cells = []
+            for surface in others:
+                cpu = bench.median(name, f"{surface}/{mode}")["cpu_ms"]
+                cells.append(f"{cpu:.3f} | {cpu / chat:.2f}")
+            lines.append(f"| {name} | {mode} | {chat:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     """Start everything, measure every proxy x mode --repeats times (interleaved), print the median table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -266,7 +371,9 @@ def main() -> int:
     ap.add_argument("--cpu-concurrency", type=int, default=8, help="concurrency of the drained CPU run")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", default="kvgate-full,kvgate", help="kvgate variants (see experiments/overhead.py)")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES), help="chat modes, run on every surface")
+    ap.add_argument("--surfaces", default=",".join(SURFACES),
+                    help="chat, responses, messages (the last two on the pass-through and kvgate only)")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--loader", choices=["wrk", "python"], default="wrk" if shutil.which("wrk") else "python")
     ap.add_argument("--json", type=Path, help="write every sample here")
@@ -280,15 +387,21 @@ def main() -> int:
     procs: dict[str, Proc] = {}
     bench = Bench(args, upstream, tmp)
     modes = args.modes.split(",")
+    surfaces = args.surfaces.split(",")
+    unknown = set(surfaces) - set(SURFACES)
+    if unknown:
+        raise SystemExit(f"unknown surfaces: {sorted(unknown)}")
+    agent_modes = [f"{s}/{m}" for s in surfaces if s != "chat" for m in modes]
     try:
         start_proxies(args, upstream, tmp, procs)
         print(f"loader {args.loader}; proxies on core {PROXY_CORE}, upstream + load on core {LOAD_CORE}", flush=True)
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", flush=True)
-            for mode in modes:
+            for mode in (modes if "chat" in surfaces else []) + agent_modes:
                 bench.measure("upstream", None, upstream.url, mode)
                 for name, proc in procs.items():
-                    bench.measure(name, proc, proc.url, mode)
+                    if name != "litellm" or split_mode(mode)[0] == "chat":
+                        bench.measure(name, proc, proc.url, mode)
     finally:
         for proc in procs.values():
             proc.stop()
@@ -297,7 +410,15 @@ def main() -> int:
     print(f"\n{stamp}; medians of {args.repeats} repeats; req/s: {args.loader}, c={args.concurrency}, "
           f"{args.seconds:g} s; CPU/request: drained aiohttp loop, c={args.cpu_concurrency}, {args.seconds_cpu:g} s; "
           f"p50: c=1, {args.seconds_c1:g} s\n")
-    print(table(bench, list(procs), modes))
+    if "chat" in surfaces:
+        print(table(bench, list(procs), modes))
+    if agent_modes:
+        agents = [n for n in procs if n != "litellm"]
+        print("\nAgent surfaces (Responses, Anthropic Messages), same proxies and modes:\n")
+        print(table(bench, agents, agent_modes))
+        if "chat" in surfaces:
+            print("\nCPU per request of each surface over chat's (same proxy, same mode):\n")
+            print(surfaces_table(bench, agents, modes, surfaces))
     if args.json:
         args.json.write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in bench.results.items()}, indent=1))
     return 0
