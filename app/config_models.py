@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.routing.kv_events import KvEventsParams
 from app.routing.prefix_affinity import PrefixAffinityParams
 from app.routing.registry import PolicySpec, policy_object
 from app.routing.round_robin import RoundRobinParams
@@ -108,10 +109,45 @@ class PriceConfig(_Strict):
         return self
 
 
+class ReplicaEvents(_Strict):
+    """Where a replica publishes vLLM's KV-cache events (`--kv-events-config`)."""
+
+    endpoint: str = Field(pattern=r"^(tcp|ipc)://\S+$")  # tcp://host:port: connect; tcp://*:port: bind a collector
+    replay: str | None = Field(None, pattern=r"^(tcp|ipc)://\S+$")
+    topic: str = "kv"
+
+
+def _split_replicas(data: Any) -> Any:
+    # A replica is a URL, or {url, kv_events, kv_replay?, kv_topic?}: the URLs stay the list every part of the
+    # gateway reads; the event endpoints go beside them, keyed by URL.
+    if not isinstance(data, dict) or not isinstance(data.get("replicas"), list):
+        return data
+    urls: list[Any] = []
+    events: dict[str, Any] = dict(data.get("replica_events") or {})
+    for i, r in enumerate(data["replicas"]):
+        if not isinstance(r, dict):
+            urls.append(r)
+            continue
+        extra = set(r) - {"url", "kv_events", "kv_replay", "kv_topic"}
+        if extra or not isinstance(r.get("url"), str):
+            raise ValueError(f"replicas[{i}]: a URL or {{url, kv_events, kv_replay, kv_topic}}")
+        url = _check_url(r["url"])
+        urls.append(url)
+        if r.get("kv_events") is not None:
+            events[url] = {"endpoint": r["kv_events"], "replay": r.get("kv_replay"), "topic": r.get("kv_topic", "kv")}
+    return {**data, "replicas": urls, "replica_events": events}
+
+
 class PoolConfig(_Strict):
     role: RouteClassName
     served_model: str = Field(min_length=1)
     replicas: list[ReplicaUrl] = Field(min_length=1)
+    # Filled from replicas given as objects (see _split_replicas): URL → its KV-event endpoints.
+    replica_events: dict[str, ReplicaEvents] = Field(default_factory=dict)
+    # An HF-like folder (tokenizer.json, tokenizer_config.json with the chat template) for exact block hashes.
+    tokenizer: str | None = None
+    # vLLM's --max-num-seqs: requests beyond it queue in the engine, whatever the last scrape said.
+    max_num_seqs: int | None = Field(None, ge=1)
     policy: PolicySpec | None = None
     price: PriceConfig
     # vLLM started with --scheduling-policy priority: the gateway then sends `priority` per class.
@@ -127,6 +163,11 @@ class PoolConfig(_Strict):
 
     _policy_object = field_validator("policy", mode="before")(classmethod(lambda cls, v: policy_object(v)))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _replica_objects(cls, data: Any) -> Any:
+        return _split_replicas(data)
+
     @model_validator(mode="after")
     def _speculative_default(self) -> PoolConfig:
         if self.speculative and "unsupported_params" not in self.model_fields_set:
@@ -134,9 +175,12 @@ class PoolConfig(_Strict):
         return self
 
     def effective_policy(self) -> BaseModel:
-        """The routing policy in force: explicit, else prefix affinity when there is a choice."""
+        """The policy in force: explicit; else kv_events when every replica publishes events (and a tokenizer
+        is given), prefix affinity when there is a choice, round robin for one replica."""
         if self.policy is not None:
             return self.policy
+        if self.tokenizer is not None and all(u in self.replica_events for u in self.replicas):
+            return KvEventsParams()
         return PrefixAffinityParams() if len(self.replicas) > 1 else RoundRobinParams()
 
 

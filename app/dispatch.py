@@ -154,7 +154,7 @@ class Dispatcher:
             try:
                 route = self._pinned(ctx) if ctx.pinned is not None else pick(
                     model=model, decision=ctx.route_class, key=key, cluster=self.cluster,
-                    cfg=self.cfg.routing, exclude=frozenset(tried),
+                    cfg=self.cfg.routing, exclude=frozenset(tried), body=ctx.body, blocks=ctx.blocks,
                 )  # fmt: skip
             except GatewayError as err:
                 raise (last or err) from None

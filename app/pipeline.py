@@ -11,19 +11,22 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from app.api.surfaces import RESPONSES
+from app.api.surfaces import CHAT, RESPONSES
 from app.config import GatewayConfig
 from app.context import RequestContext, Tenant
 from app.dispatch import Complete, Dispatcher, StreamRelay
 from app.errors import GatewayError
 from app.headers import API_KEY, LIMIT, NORMALIZE_OPT_OUT, NORMALIZED, REQUEST_ID, ROUTE
+from app.kvcache.subscriber import EventSource, KvEventsHub
+from app.kvcache.tokens import ChatRenderError
 from app.limits import Limiter
 from app.normalize import VolatilityMemory, normalize, salt_for_tenant
 from app.routing.classify import classify
+from app.routing.kv_events import KvEventsParams
 from app.routing.prefix_key import routing_key
 from app.routing.response_affinity import Holder, ResponseRoutes, response_not_found
 from app.routing.scraper import Scraper
@@ -35,6 +38,9 @@ from app.telemetry import Telemetry
 from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, response_headers, sse_trailer
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
+
+if TYPE_CHECKING:
+    from app.kvcache.tokens import RequestBlocks
 
 
 @dataclass(slots=True)
@@ -70,7 +76,9 @@ class Gateway:
         self.telemetry = telemetry or Telemetry(cfg.telemetry, cfg.pools)
         self.settler = Settler(cfg, self.registry, self.limiter, self.telemetry)
         self.memory = VolatilityMemory(capacity_per_tenant=cfg.normalize.memory_per_tenant)
-        self.cluster = ClusterState.from_config(cfg)
+        self.kv_hub = _kv_hub(cfg)
+        self.cluster = ClusterState.from_config(cfg, kv_hub=self.kv_hub)
+        self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
         self.dispatcher: Dispatcher | None = None
         self.responses = ResponseRoutes(self.store, cfg.routing.response_ttl_s)
         self._salts: dict[str, str | None] = {}
@@ -85,12 +93,16 @@ class Gateway:
         self.scraper = Scraper(self.cluster, self.session, self.cfg.routing)
         await self.registry.load()
         await self.scraper.start()
+        if self.kv_hub is not None:
+            await self.kv_hub.start()
         self._background.append(asyncio.create_task(self.limiter.ledger.run(), name="kvgate-spend-flush"))
 
     async def stop(self) -> None:
         """Stop background work, flush what is buffered, close the store and exporters."""
         if self.scraper is not None:
             await self.scraper.stop()
+        if self.kv_hub is not None:
+            await self.kv_hub.stop()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -168,6 +180,12 @@ class Gateway:
                 raise response_not_found(previous)
             ctx.pinned = (holder.pool, holder.replica)
         key = routing_key(ctx.prompt.key_head, ctx.cache_salt or tenant.id)
+        hasher = self._hashers.get(model.name) if ctx.surface is CHAT else None
+        if hasher is not None:
+            try:
+                ctx.blocks = hasher.blocks(ctx.body, ctx.cache_salt)
+            except ChatRenderError:
+                ctx.blocks = None  # a body the gateway cannot render exactly: the policy falls back
         outcome = await self.dispatcher.run(ctx, model, key)
         if isinstance(outcome, StreamRelay):
             return self._stream_reply(ctx, outcome)
@@ -188,6 +206,10 @@ class Gateway:
                 f"pool={r.pool};class={ctx.route_class.route_class};reason={ctx.route_class.reason};"
                 f"policy={r.policy};pick={r.reason};attempt={r.attempt}"
             )
+            if r.cached_tokens is not None:
+                headers[ROUTE] += f";cached={r.cached_tokens}"
+            if r.runner_up is not None:
+                headers[ROUTE] += f";runner_up={r.runner_up}"
         if ctx.normalize_report is not None:
             headers[NORMALIZED] = ctx.normalize_report.header()
         if ctx.limit_notes:
@@ -229,3 +251,32 @@ class Gateway:
         await self.settler.settle(ctx)
         # Cost and overhead travel as SSE comments: SDKs ignore comments, tools can read them.
         yield relay.observer.ending(sse_trailer(ctx.cost_usd, overhead_s(ctx.timing)))
+
+
+def _kv_hub(cfg: GatewayConfig) -> KvEventsHub | None:
+    """One subscription per replica that declared its KV-event endpoint (None when none did)."""
+    sources = [
+        EventSource(url, ev.endpoint, ev.replay, ev.topic)
+        for pool in cfg.pools.values()
+        for url, ev in pool.replica_events.items()
+    ]
+    return KvEventsHub(sources) if sources else None
+
+
+def _block_hashers(cfg: GatewayConfig) -> dict[str, RequestBlocks]:
+    """Per model: the hasher of its first kv_events pool that names a tokenizer folder."""
+    from app.kvcache.tokens import RequestBlocks  # needs the `kv` extra (tokenizers, jinja2)
+
+    by_folder: dict[tuple[str, int], RequestBlocks] = {}
+    out: dict[str, RequestBlocks] = {}
+    for model in cfg.models:
+        for name in model.pools:
+            pool = cfg.pools[name]
+            policy = pool.effective_policy()
+            if isinstance(policy, KvEventsParams) and pool.tokenizer is not None:
+                k = (pool.tokenizer, policy.block_size)
+                if k not in by_folder:
+                    by_folder[k] = RequestBlocks(pool.tokenizer, policy.block_size)
+                out[model.name] = by_folder[k]
+                break
+    return out

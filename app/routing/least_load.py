@@ -26,7 +26,7 @@ class LeastLoad:
 
     name = "least_load"
 
-    def select(self, candidates: Sequence[ReplicaState], key: int) -> Selection:
+    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
         """The least-loaded candidate and the second least-loaded as runner-up."""
         best: tuple[int, int] | None = None
         second: tuple[int, int] | None = None

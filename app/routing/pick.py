@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config import ModelConfig, RoutingConfig
 from app.context import ClassDecision, RouteDecision
@@ -12,6 +12,9 @@ from app.routing.capability import serving_pools
 from app.routing.priority import priority_for
 from app.routing.spill import SpillTuning, cached_home_and_other, decide_spill, saturation
 from app.routing.state import ClusterState, PoolState
+
+if TYPE_CHECKING:
+    from app.kvcache.tokens import PromptBlocks
 
 
 def _out_of_rotation(pool: PoolState, exclude: frozenset[str]) -> str:
@@ -31,6 +34,7 @@ def pick(
     exclude: frozenset[str] = frozenset(),
     tuning: SpillTuning | None = None,
     body: Mapping[str, Any] | None = None,
+    blocks: PromptBlocks | None = None,
 ) -> RouteDecision:
     """Route one request; `exclude` holds replica URLs already tried (a failover retry).
 
@@ -64,7 +68,7 @@ def pick(
             reason, detail = "failover", _out_of_rotation(home, exclude)
     if not candidates:
         raise upstream_unavailable(f"no healthy upstream replica for model {model.name!r}")
-    sel = target.policy.select(candidates, key)
+    sel = target.policy.select(candidates, key, blocks)
     if reason is None:
         reason = "failover" if exclude else sel.reason
     return RouteDecision(
@@ -78,4 +82,5 @@ def pick(
         attempt=len(exclude) + 1,
         detail=detail,
         target=sel.chosen,
+        cached_tokens=sel.cached_tokens,
     )

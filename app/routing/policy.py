@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    from app.kvcache.tokens import PromptBlocks
     from app.routing.state import ReplicaState
 
 
@@ -17,6 +18,7 @@ class Selection(NamedTuple):
     chosen: ReplicaState
     runner_up: ReplicaState | None
     reason: str
+    cached_tokens: int | None = None  # prompt tokens the chosen replica is predicted to reuse, when known
 
 
 class Policy(Protocol):
@@ -24,6 +26,7 @@ class Policy(Protocol):
 
     name: str
 
-    def select(self, candidates: Sequence[ReplicaState], key: int) -> Selection:
-        """Pick a replica; must not mutate the candidates (in-flight accounting is the caller's)."""
+    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: PromptBlocks | None = None) -> Selection:
+        """Pick a replica; must not mutate the candidates (in-flight accounting is the caller's). `blocks` are
+        the request's exact KV block hashes, when the pool computes them (kv_events)."""
         ...

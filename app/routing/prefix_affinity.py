@@ -47,7 +47,7 @@ class PrefixAffinity:
             raise ValueError("load_bound must be >= 1")
         self.load_bound = load_bound
 
-    def select(self, candidates: Sequence[ReplicaState], key: int) -> Selection:
+    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
         """The home if within the bound (runner-up: the next-ranked), else the least loaded (runner-up: home)."""
         n = len(candidates)
         if n == 1:

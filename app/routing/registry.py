@@ -11,6 +11,7 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
+from app.routing.kv_events import BlockView, KvEvents, KvEventsParams
 from app.routing.least_load import LeastLoad, LeastLoadParams
 from app.routing.policy import Policy
 from app.routing.prefix_affinity import PrefixAffinity, PrefixAffinityParams
@@ -18,9 +19,10 @@ from app.routing.round_robin import RoundRobin, RoundRobinParams
 
 
 class PolicyDefaults(NamedTuple):
-    """Gateway-wide values a policy falls back to when its own parameters leave them out."""
+    """Gateway-wide values and shared runtime parts a policy may need beyond its own parameters."""
 
     load_bound: float = 1.25
+    kv_hub: BlockView | None = None  # the KV-event index, when any pool publishes events
 
 
 class Entry(NamedTuple):
@@ -30,10 +32,19 @@ class Entry(NamedTuple):
     build: Callable[[Any, PolicyDefaults], Policy]
 
 
+def _prefix_affinity(p: PrefixAffinityParams, d: PolicyDefaults) -> PrefixAffinity:
+    return PrefixAffinity(p.load_bound if p.load_bound is not None else d.load_bound)
+
+
+def _kv_events(p: KvEventsParams, d: PolicyDefaults) -> Policy:
+    fallback = PrefixAffinity(d.load_bound)
+    # Without an event index (no replica declared kv_events) there is nothing to score: prefix affinity.
+    return KvEvents(p, d.kv_hub, fallback) if d.kv_hub is not None else fallback
+
+
 POLICIES: dict[str, Entry] = {
-    "prefix_affinity": Entry(
-        PrefixAffinityParams, lambda p, d: PrefixAffinity(p.load_bound if p.load_bound is not None else d.load_bound)
-    ),
+    "kv_events": Entry(KvEventsParams, _kv_events),
+    "prefix_affinity": Entry(PrefixAffinityParams, _prefix_affinity),
     "round_robin": Entry(RoundRobinParams, lambda p, d: RoundRobin()),
     "least_load": Entry(LeastLoadParams, lambda p, d: LeastLoad()),
 }
@@ -44,7 +55,9 @@ def policy_object(value: Any) -> Any:
     return {"type": value} if isinstance(value, str) else value
 
 
-PolicySpec = Annotated[PrefixAffinityParams | RoundRobinParams | LeastLoadParams, Field(discriminator="type")]
+PolicySpec = Annotated[
+    KvEventsParams | PrefixAffinityParams | RoundRobinParams | LeastLoadParams, Field(discriminator="type")
+]
 
 
 def build_policy(spec: BaseModel, defaults: PolicyDefaults) -> Policy:

@@ -28,7 +28,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def select(self, candidates: Sequence[ReplicaState], key: int) -> Selection:
+    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
         """The candidate at the cursor; the runner-up is the one after it."""
         n = len(candidates)
         i = self._next % n

@@ -14,6 +14,7 @@ from app.errors import FailureKind
 from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
 from app.routing.hashing import stable_hash64
+from app.routing.kv_events import BlockView
 from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
 
@@ -29,6 +30,7 @@ class ReplicaState:
     __slots__ = (
         "bad_streak",
         "breaker",
+        "capacity",
         "counters",
         "external",
         "good_streak",
@@ -49,8 +51,12 @@ class ReplicaState:
         "waiting",
     )
 
-    def __init__(self, url: str, pool: str = "", index: int = 0, breaker: CircuitBreaker | None = None) -> None:
+    def __init__(
+        self, url: str, pool: str = "", index: int = 0, breaker: CircuitBreaker | None = None, capacity: int = 0
+    ) -> None:
         self.url = url
+        # Sequences the engine runs at once (--max-num-seqs); 0 = unknown. Beyond it requests queue.
+        self.capacity = capacity
         self.pool = pool
         self.index = index
         self.hash = stable_hash64(url.encode())
@@ -95,11 +101,15 @@ class ReplicaState:
         """Requests waiting now: the scraped queue, moved by our in-flight change when it was queueing.
 
         A replica that queued at the scrape queues every request we sent since; one that did not may
-        have had free slots, so our new requests are not assumed to wait.
+        have had free slots, so our new requests are not assumed to wait — unless they exceed its known
+        capacity (max_num_seqs), which a burst between two scrapes does.
         """
-        if self.waiting <= 0:
-            return 0
-        q = self.waiting + self.in_flight - self.in_flight_at_scrape
+        q = self.waiting + self.in_flight - self.in_flight_at_scrape if self.waiting > 0 else 0
+        if self.capacity:
+            # A burst between scrapes: what we sent beyond the engine's slots queues, whatever the scrape said.
+            over = self.in_flight + self.external - self.capacity
+            if over > q:
+                q = over
         return q if q > 0 else 0
 
     def utilization(self) -> float:
@@ -250,12 +260,13 @@ class ClusterState:
         *,
         breaker: BreakerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        kv_hub: BlockView | None = None,
     ) -> ClusterState:
         """Build the state; `previous` lets surviving replicas keep their counts and health across a rebuild."""
         old = {(r.pool, r.url): r for r in previous.replicas()} if previous is not None else {}
         b = cfg.routing.breaker
         breaker = breaker or BreakerConfig(failures=b.failures, open_s=b.open_s, max_open_s=b.max_open_s)
-        defaults = PolicyDefaults(load_bound=cfg.routing.load_bound)
+        defaults = PolicyDefaults(load_bound=cfg.routing.load_bound, kv_hub=kv_hub)
         pools: dict[str, PoolState] = {}
         for name, pcfg in cfg.pools.items():
             replicas = []
@@ -264,6 +275,7 @@ class ClusterState:
                 if rep is None:
                     rep = ReplicaState(url, name, i, CircuitBreaker(breaker, clock))
                 rep.index = i
+                rep.capacity = pcfg.max_num_seqs or 0
                 replicas.append(rep)
             pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
         return cls(pools)
