@@ -35,6 +35,7 @@ from app.settle import Settler
 from app.store.base import Store
 from app.store.factory import create_store
 from app.telemetry import Telemetry
+from app.telemetry.kv_metrics import register_kv_metrics
 from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, response_headers, sse_trailer
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
@@ -94,6 +95,7 @@ class Gateway:
         await self.registry.load()
         await self.scraper.start()
         if self.kv_hub is not None:
+            register_kv_metrics(self.telemetry.meter, self.kv_hub)
             await self.kv_hub.start()
         self._background.append(asyncio.create_task(self.limiter.ledger.run(), name="kvgate-spend-flush"))
 
