@@ -71,12 +71,12 @@ def serving_pools(
     if not home.cfg.unsupported_params and (other is None or not other.cfg.unsupported_params):
         return Serving(home, other)  # the common case, on every request: nothing to check
     why = refused_param(home.cfg.unsupported_params, body)
+    if why is None and (other is None or refused_param(other.cfg.unsupported_params, body) is None):
+        return Serving(home, other)
     mine = [pools[name] for name in model.pools]
     capable = [p for p in mine if refused_param(p.cfg.unsupported_params, body) is None]
     if why is None:
-        if other is not None and other not in capable:
-            other = next((p for p in capable if p is not home), None)
-        return Serving(home, other)
+        return Serving(home, next((p for p in capable if p is not home), None))
     if not capable:
         raise nowhere_to_serve(model.name, mine, body)
     target = other if other is not None and other in capable else capable[0]
