@@ -14,12 +14,12 @@ from app.admission.saturation import Saturation
 
 
 def learn_capacity(capacity: int | None, sat: Saturation) -> int | None:
-    """Requests the pool runs at once: what ran when every replica was full; raised when more were seen running."""
-    if sat.full:
-        return sat.running
-    if capacity is not None and sat.running > capacity:
-        return sat.running
-    return capacity
+    """Requests the pool runs at once: the most seen running, known once every replica was seen full."""
+    # The maximum, not the last full scrape: an engine also queues while its prefill token budget is spent,
+    # with fewer sequences running than it can hold (measured: taking the last value cost 25-33% of tokens/s).
+    if capacity is None:
+        return sat.running if sat.full else None
+    return max(capacity, sat.running)
 
 
 def next_limit(limit: int | None, in_flight: int, backlog: int, sat: Saturation, cfg: AdmissionConfig,

@@ -30,7 +30,7 @@ def test_capacity_is_what_runs_when_every_replica_is_full() -> None:
     assert learn_capacity(None, SATURATED) == 60
     assert learn_capacity(None, ROOM) is None
     assert learn_capacity(40, ROOM) == 50  # more ran than we thought possible
-    assert learn_capacity(70, SATURATED) == 60
+    assert learn_capacity(70, SATURATED) == 70  # a full scrape with fewer running: the prefill budget, not slots
 
 
 def test_room_with_waiters_raises_the_cap_a_threshold_per_replica() -> None:
