@@ -224,6 +224,9 @@ class AuthConfig(_Strict):
     # How long a key → tenant lookup is trusted before the store is asked again (a revoke through
     # another gateway replica takes effect here within this).
     key_cache_ttl_s: float = Field(5.0, ge=0)
+    # With required: false, these keys mean "anonymous" (SDKs insist on sending one; vLLM's docs use
+    # EMPTY). Any other key must name a tenant (401 otherwise), so a typo'd key is never billed anonymously.
+    anonymous_keys: list[str] = Field(default_factory=lambda: ["EMPTY"])
 
 
 class TelemetryConfig(_Strict):

@@ -75,6 +75,7 @@ class TenantRegistry:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._required = cfg.auth.required
+        self._anonymous_keys = frozenset(cfg.auth.anonymous_keys) if not cfg.auth.required else frozenset()
         self._store = store
         self._ttl = cfg.auth.key_cache_ttl_s if cache_ttl_s is None else cache_ttl_s
         self._clock = clock
@@ -116,10 +117,10 @@ class TenantRegistry:
         return tc.reference_price if tc is not None else ReferencePrice()
 
     async def resolve(self, authorization: str | None, api_key: str | None = None) -> Tenant:
-        """The tenant an `Authorization: Bearer` (or Anthropic's `x-api-key`) header names; 401 (auth required)
-        or anonymous otherwise."""
+        """The tenant an `Authorization: Bearer` (or Anthropic's `x-api-key`) header names. No key: anonymous
+        unless auth is required (401); a key that names no tenant: 401 always."""
         token = bearer_token(authorization) or (api_key.strip() if api_key and api_key.strip() else None)
-        if token is None:
+        if token is None or token in self._anonymous_keys:
             if self._required:
                 raise invalid_key(
                     "You didn't provide an API key. Provide it in an Authorization header (Bearer <key>)"
@@ -131,13 +132,13 @@ class TenantRegistry:
         except GatewayError:
             if self._required:
                 raise
-            tenant_id = None  # unverifiable while the store is down: anonymous, as auth allows
+            return self._anonymous  # unverifiable while the store is down: anonymous, as auth allows
         tenant = self._tenants.get(tenant_id) if tenant_id is not None else None
         if tenant is not None:
             return tenant
-        if self._required:
-            raise invalid_key("Incorrect API key provided.")
-        return self._anonymous
+        # A key that was sent must be valid, even where anonymous access is allowed: a typo'd key would
+        # otherwise lose its tenant's limits, normalization and billing without a sign.
+        raise invalid_key("Incorrect API key provided.")
 
     async def _lookup(self, key_hash: str) -> str | None:
         if not key_hash:

@@ -48,7 +48,8 @@ def gateway_config(upstream: str, variant: str) -> dict[str, object]:
         "models": [{"name": "m", "pools": ["main"]}],
         "pools": {"main": {"role": "interactive", "served_model": "m", "replicas": [upstream],
                            "price": {"input_per_m": 1, "cached_input_per_m": 0.1, "output_per_m": 2}}},
-        "auth": {"required": False},
+        # The load sends a key; with optional auth only an anonymous key is billed to `anonymous`.
+        "auth": {"required": False, "anonymous_keys": ["sk-bench"]},
         "tenants": [],
     }
     if variant == "kvgate-full":

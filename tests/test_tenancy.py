@@ -70,11 +70,21 @@ async def test_the_stored_hash_itself_is_not_a_key(any_store: Store) -> None:
         await reg.resolve(f"Bearer {hash_key(ACME_KEY)}")
 
 
-@pytest.mark.parametrize("header", [None, "Bearer sk-unknown"])
-async def test_without_required_auth_unknown_callers_are_anonymous(any_store: Store, header: str | None) -> None:
+@pytest.mark.parametrize("header", [None, "Bearer", "Basic abc", "Bearer EMPTY"])
+async def test_without_required_auth_callers_without_a_key_are_anonymous(any_store: Store, header: str | None) -> None:
     reg = await loaded(any_store, required=False)
     assert (await reg.resolve(header)).id == "anonymous"
     assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+
+
+@pytest.mark.parametrize("required", [True, False])
+async def test_a_key_that_names_no_tenant_is_401_even_when_auth_is_optional(any_store: Store, required: bool) -> None:
+    reg = await loaded(any_store, required=required)
+    with pytest.raises(GatewayError) as info:
+        await reg.resolve("Bearer sk-typo")
+    assert info.value.status == 401 and info.value.code == "invalid_api_key"
+    with pytest.raises(GatewayError):
+        await reg.resolve(None, "sk-typo")
 
 
 async def test_plaintext_config_keys_never_reach_the_redis_store(redis_url: str, key_prefix: str) -> None:

@@ -14,7 +14,7 @@ from tests.servers import free_port
 
 
 def client(base: str, **kw: object) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0, **kw)  # type: ignore[arg-type]
+    return openai.OpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0, **kw)  # type: ignore[arg-type]
 
 
 def test_chat_non_streaming_rewrites_model_and_returns_usage(gateway: str, fake_upstream) -> None:
@@ -67,7 +67,7 @@ def test_stream_carries_cost_as_sse_comment(gateway: str) -> None:
 
 def test_async_client_completions(gateway: str) -> None:
     async def go() -> str:
-        c = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0)
+        c = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key="EMPTY", max_retries=0)
         r = await c.completions.create(model=PUBLIC_MODEL, prompt="say hi")
         await c.close()
         return r.choices[0].text

@@ -14,11 +14,11 @@ LONG_SYSTEM = " ".join(f"Rule {i}: keep every change small, tested and reviewed.
 
 
 def oai(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0, timeout=300)
 
 
 def ant(base: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=300)
+    return anthropic.Anthropic(base_url=base, api_key="EMPTY", max_retries=0, timeout=300)
 
 
 def test_responses_create_and_stream_through_gateway(e2e_gateway: str) -> None:

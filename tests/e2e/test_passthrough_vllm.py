@@ -67,7 +67,7 @@ def test_pooling_paths_a_generative_model_does_not_serve_are_404_in_openai_envel
 
 
 def test_models_retrieve(gateway: str) -> None:
-    client = openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="EMPTY", max_retries=0)
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
@@ -80,7 +80,7 @@ def test_speculative_server_refuses_min_p_and_the_gateway_routes_it_to_bulk(
     body = {"model": MODEL, "messages": msgs, "max_tokens": 4, "min_p": 0.1}
     direct = httpx.post(vllm_urls["fast"] + "/v1/chat/completions", json=body, timeout=120)
     assert direct.status_code == 400 and "speculative decoding" in direct.json()["error"]["message"]
-    client = openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="EMPTY", max_retries=0, timeout=300)
     for extra in ({"min_p": 0.1}, {"logit_bias": {"42": -5}}, {"top_k": 20}):
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL, messages=msgs, max_tokens=4, temperature=0, extra_body=extra  # type: ignore[arg-type]

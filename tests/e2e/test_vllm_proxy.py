@@ -18,7 +18,7 @@ LONG_PROMPT = " ".join(f"Rule {i}: every request must be logged with its tenant,
 
 
 def sdk(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0, timeout=300)
 
 
 def test_chat_and_completions_through_gateway(e2e_gateway: str) -> None:

@@ -181,7 +181,7 @@ def two_pools() -> Iterator[str]:
 
 
 def test_gateway_sends_a_refused_parameter_to_the_capable_pool_and_says_why(two_pools: str) -> None:
-    client = openai.OpenAI(base_url=two_pools + "/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=two_pools + "/v1", api_key="EMPTY", max_retries=0)
     msgs: list[Any] = [{"role": "user", "content": "hi"}]
     plain = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=4)
     assert "pool=fast;" in plain.headers["x-kvgate-route"]
@@ -204,7 +204,7 @@ def test_gateway_answers_400_when_no_pool_of_the_model_can_serve_the_parameters(
             env={},
         )  # fmt: skip
         with running_gateway(cfg) as gw:
-            client = openai.OpenAI(base_url=gw + "/v1", api_key="x", max_retries=0)
+            client = openai.OpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0)
             ok = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
                                                 extra_body={"min_p": 0})  # fmt: skip
             assert ok.choices

@@ -105,7 +105,7 @@ async def test_kill_restart_keeps_non_streaming_requests_whole_and_replica_rejoi
     cluster: tuple[str, SimProcess, SimProcess],
 ) -> None:
     gw, _, victim = cluster
-    client = openai.AsyncOpenAI(base_url=gw + "/v1", api_key="none", max_retries=0, timeout=20)
+    client = openai.AsyncOpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0, timeout=20)
     failures: list[str] = []
     done = [0]
     until = time.monotonic() + 6
