@@ -338,8 +338,10 @@ cmd_supervise() {
       rc=$?
     fi
     slog "server pid $child exited with status $rc after $((SECONDS - started)) s (healthy: $healthy)"
-    # A killed API server leaves its EngineCore (and its KV-event ports) behind.
-    terminate_instance "$name" 10
+    # A killed API server leaves its EngineCore (holding the KV-event ports and
+    # most of the memory) behind. Without its API server it serves nothing, so
+    # its graceful shutdown is not worth waiting long for.
+    terminate_instance "$name" 5
     if ((launches == 1 && healthy == 0)); then
       echo "failed: exited during start-up with status $rc" >"$state"
       slog "giving up: the first launch exited before it was healthy (log: $RUN/$name.log)"
