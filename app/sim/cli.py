@@ -23,7 +23,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: K draft tokens, each accepted with probability ACCEPT; "
                         "DRAFT (default 1) = share of steps where the proposer has a draft")  # fmt: skip
     p.add_argument("--time-scale", type=float, default=1.0, help="run the clock X times faster")
-    p.add_argument("--tokenizer", default=None, metavar="PATH", help="a tokenizer.json (default: built-in scheme)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a model folder (tokenizer.json + chat template: chat prompts tokenized as the gateway "
+                        "predicts them) or a tokenizer.json (default: built-in scheme)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
@@ -40,6 +42,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-responses-store", action="store_true",
                    help="keep /v1/responses results for GET, cancel, previous_response_id and background mode "
                         "(vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)")  # fmt: skip
+    p.add_argument("--prefix-caching-hash-algo", choices=["sha256_cbor", "sha256"], default="sha256_cbor",
+                   help="block hash as vLLM computes it (sha256_cbor: reproducible outside Python)")  # fmt: skip
+    p.add_argument("--kv-events", default=None, metavar="ENDPOINT",
+                   help="publish vLLM KV-cache events on this ZMQ PUB endpoint (tcp://*:5557 binds, "
+                        "tcp://host:port connects, as vLLM's --kv-events-config endpoint)")  # fmt: skip
+    p.add_argument("--kv-replay", default=None, metavar="ENDPOINT",
+                   help="ROUTER endpoint answering replay requests (vLLM's replay_endpoint), e.g. tcp://*:5558")
+    p.add_argument("--kv-topic", default="", help="topic frame of every KV-event message (vLLM's topic)")
+    p.add_argument("--kv-buffer-steps", type=int, default=10_000, help="event batches kept for replay")
+    p.add_argument("--no-enable-scale-out", dest="enable_scale_out", action="store_false",
+                   help="answer the render endpoints 403, as vLLM does without --enable-scale-out")  # fmt: skip
     p.add_argument("--log-level", default="warning")
 
 
@@ -68,8 +81,16 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         enable_responses_store=args.enable_responses_store,
+        prefix_caching_hash_algo=args.prefix_caching_hash_algo,
+        kv_events=args.kv_events,
+        kv_replay=args.kv_replay,
+        kv_topic=args.kv_topic,
+        kv_buffer_steps=args.kv_buffer_steps,
+        enable_scale_out=args.enable_scale_out,
     )
     opts.scheduler_config()
+    opts.hash_algo()
+    opts.validate_kv_events()
     return opts
 
 

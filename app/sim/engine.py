@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from app.sim.kv_cache import BlockPool
+from app.kvcache.hashing import HashAlgo
+from app.kvcache.publisher import BUFFER_STEPS, KvEventPublisher
+from app.sim.kv_cache import DEFAULT_HASH_ALGO, BlockPool
 from app.sim.metrics import EngineMetrics
 from app.sim.profiles import Profile
 from app.sim.request import SimRequest, Status
@@ -37,6 +39,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     mean_output_tokens: int = 256  # natural length (EOS) when ignore_eos is off
     model_name: str = "sim"
+    hash_algo: HashAlgo = DEFAULT_HASH_ALGO  # vLLM's --prefix-caching-hash-algo
+    kv_events: str | None = None  # PUB endpoint of vLLM's --kv-events-config (None: no events)
+    kv_replay: str | None = None  # its ROUTER replay endpoint
+    kv_topic: str = ""
+    kv_buffer_steps: int = BUFFER_STEPS
 
 
 class OutputStream:
@@ -90,8 +97,13 @@ class Engine:
     def __init__(self, config: EngineConfig, vocab: Sequence[tuple[int, str]], eos_token_id: int) -> None:
         self.config = config
         self.pool = BlockPool(
-            config.kv_blocks, block_size=config.block_size, enable_caching=config.enable_prefix_caching
+            config.kv_blocks,
+            block_size=config.block_size,
+            enable_caching=config.enable_prefix_caching,
+            hash_algo=config.hash_algo,
+            record_events=config.kv_events is not None,
         )
+        self.publisher: KvEventPublisher | None = None
         self.scheduler = Scheduler(config.scheduler, self.pool, seed=config.seed)
         self.metrics = EngineMetrics(config.model_name, max_model_len=config.scheduler.max_model_len)
         self.eos_token_id = eos_token_id
@@ -108,7 +120,13 @@ class Engine:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the loop task."""
+        """Bind the KV-event sockets (if configured) and start the loop task."""
+        cfg = self.config
+        if cfg.kv_events is not None and self.publisher is None:
+            self.publisher = KvEventPublisher(
+                cfg.kv_events, cfg.kv_replay, topic=cfg.kv_topic, buffer_steps=cfg.kv_buffer_steps
+            )
+            self.publisher.start()
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="sim-engine")
             self._task.add_done_callback(self._on_loop_exit)
@@ -120,12 +138,21 @@ class Engine:
             log.error("sim engine loop died", exc_info=task.exception())
 
     async def stop(self) -> None:
-        """Cancel the loop task."""
+        """Cancel the loop task and close the KV-event sockets."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self.publisher is not None:
+            await self.publisher.close()
+            self.publisher = None
+
+    def publish_events(self) -> None:
+        """Send the KV events recorded since the last batch as one EventBatch (vLLM: once per engine step)."""
+        events = self.pool.take_events()
+        if events and self.publisher is not None:
+            self.publisher.publish(events)
 
     # ------------------------------------------------------------- requests
     def sequence_plan(
@@ -172,6 +199,7 @@ class Engine:
                 out_offset=offset,
                 emit=functools.partial(_push_choice, stream, i),
                 block_size=self.pool.block_size,
+                algo=self.pool.hash_algo,
             )
             stream.reqs.append(req)
         delay = self.config.profile.request_overhead_s / self.config.time_scale
@@ -219,7 +247,11 @@ class Engine:
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's /reset_prefix_cache: drop cached blocks (refused while blocks are in use)."""
-        return self.pool.reset()
+        ok = self.pool.reset()
+        # vLLM publishes AllBlocksCleared with its next step; an idle engine may not step for a while, and a
+        # subscriber would keep routing on blocks that are gone, so the sim sends it now.
+        self.publish_events()
+        return ok
 
     # ----------------------------------------------------------------- loop
     async def _loop(self) -> None:
@@ -261,6 +293,7 @@ class Engine:
             prev_end, prev_after = end, after
             now = time.monotonic()
             produced, finished = sched.finish_step(batch, self.token_at, now)
+            self.publish_events()
             self._observe(produced, finished, now)
             for req, count in produced:
                 if req.emit is not None:

@@ -18,7 +18,7 @@ from app.sim.messages_wire import AnthropicHTTPError, MessageEvents, count_token
 from app.sim.protocol import SimHTTPError, parse_generation
 from app.sim.state import SimState
 from app.sim.surface import Job, Usage, decode_error
-from app.sim.template import TemplateError, render_chat
+from app.sim.template import TemplateError
 from app.sim.validation import BodyErrors
 
 BILLING_PREFIX = "x-anthropic-billing-header"  # vLLM drops system blocks starting with this (cch= defeats caching)
@@ -216,6 +216,7 @@ class MessagesSurface:
                 "chat",
                 chat,
                 tokenizer=st.tokenizer,
+                chat=st.chat,
                 served_model=opts.model,
                 max_model_len=st.sched_config.max_model_len,
                 priority_enabled=st.sched_config.policy == "priority",
@@ -269,11 +270,11 @@ class MessagesSurface:
                     "NotFoundError",
                     "model",
                 )
-            tools = chat_tools(body.get("tools")) if opts.render_tools else None
+            tools = chat_tools(body.get("tools")) if body.get("tools") else None
             try:
-                text = render_chat(to_chat_messages(body), tools=tools, default_system=st.default_system)
+                ids = st.chat.token_ids({"messages": to_chat_messages(body), "tools": tools})
             except TemplateError as e:
                 raise AnthropicHTTPError(400, str(e), "BadRequestError", "messages") from None
         except SimHTTPError as e:
             return Response(e.body(), status_code=e.status, media_type="application/json")
-        return Response(count_tokens_body(len(st.tokenizer.encode(text))), media_type="application/json")
+        return Response(count_tokens_body(len(ids)), media_type="application/json")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.kvcache.hashing import HashAlgo
+from app.sim.kv_cache import HASH_ALGOS
 from app.sim.profiles import Profile, get_profile
 from app.sim.scheduler import SchedulerConfig
 
@@ -46,7 +48,10 @@ class SimOptions:
     max_model_len: int | None = None
     speculative: str | None = None  # "ngram:K:ACCEPT"
     time_scale: float = 1.0
-    tokenizer: str | None = None  # path to a tokenizer.json; None = the built-in stable scheme
+    # A model folder (tokenizer.json + chat template, as app.kvcache.tokens reads it): chat prompts rendered and
+    # tokenized exactly as a gateway with the same folder predicts. A tokenizer.json file: its ids with the
+    # built-in ChatML template. None: the built-in stable scheme.
+    tokenizer: str | None = None
     seed: int = 0
     scheduling_policy: str = "fcfs"
     enable_prefix_caching: bool = True
@@ -58,6 +63,12 @@ class SimOptions:
     tool_call_parser: str | None = None  # accepted for vLLM parity; the sim never emits tool calls
     enable_responses_store: bool = False  # vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1: store, GET, cancel, background
     render_tools: bool = True  # tools JSON in the system turn (Qwen/Hermes style); SmolLM2's own template drops them
+    prefix_caching_hash_algo: str = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo (sha256_cbor | sha256)
+    kv_events: str | None = None  # vLLM's kv-events-config endpoint, e.g. tcp://*:5557 (None: no events)
+    kv_replay: str | None = None  # its replay_endpoint, e.g. tcp://*:5558
+    kv_topic: str = ""  # its topic
+    kv_buffer_steps: int = 10_000  # its buffer_steps: batches kept for replay
+    enable_scale_out: bool = True  # vLLM's --enable-scale-out (render endpoints; vLLM's default is off)
 
     def resolved_profile(self) -> Profile:
         """The step-time profile."""
@@ -84,6 +95,23 @@ class SimOptions:
             spec_draft_prob=spec.draft_prob if spec else 1.0,
             policy=self.scheduling_policy,
         )
+
+    def hash_algo(self) -> HashAlgo:
+        """The prefix-caching hash algorithm, validated."""
+        for algo in HASH_ALGOS:
+            if algo == self.prefix_caching_hash_algo:
+                return algo
+        raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}")
+
+    def validate_kv_events(self) -> None:
+        """The KV-event settings make sense together (vLLM refuses the same)."""
+        if self.kv_replay is not None and self.kv_events is None:
+            raise ValueError("kv_replay needs kv_events")
+        if self.kv_buffer_steps < 1:
+            raise ValueError("kv_buffer_steps must be >= 1")
+        for ep in (self.kv_events, self.kv_replay):
+            if ep is not None and not ep.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"KV-event endpoint {ep!r} must be tcp://, ipc:// or inproc://")
 
     def resolved_block_size(self) -> int:
         """Tokens per KV block with the profile default filled in."""

@@ -7,7 +7,8 @@ from typing import Any
 
 import orjson
 
-from app.sim.template import TemplateError, render_chat
+from app.sim.chat import BuiltinChat, ChatPrompt
+from app.sim.template import TemplateError
 from app.sim.tokenizer import Tokenizer
 
 MAX_CACHE_SALT_LENGTH = 128
@@ -129,6 +130,7 @@ def parse_generation(
     render_tools: bool = True,
     auto_tool_choice: bool = False,
     tool_parser: str | None = None,
+    chat: ChatPrompt | None = None,
 ) -> GenRequest:
     """Validate a chat or completion body the way vLLM's OpenAI server does, and tokenize its prompt."""
     if not isinstance(body, dict):
@@ -153,16 +155,12 @@ def parse_generation(
         if not isinstance(messages, list):
             raise SimHTTPError(400, "Field required: messages", "Bad Request", "messages")
         check_tool_choice(body, auto_tool_choice=auto_tool_choice, tool_parser=tool_parser)
+        if chat is None:
+            chat = BuiltinChat(tokenizer, default_system=default_system, render_tools=render_tools)
         try:
-            text = render_chat(
-                messages,
-                tools=body.get("tools") if render_tools else None,
-                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-                default_system=default_system,
-            )
+            prompt_ids = chat.token_ids(body)
         except TemplateError as e:
             raise SimHTTPError(400, str(e), "BadRequestError", "messages") from None
-        prompt_ids = tokenizer.encode(text)
         max_tok = body.get("max_completion_tokens")
         if max_tok is None:
             max_tok = body.get("max_tokens")
@@ -173,7 +171,8 @@ def parse_generation(
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if isinstance(prompt, str):
-            prompt_ids = tokenizer.encode(prompt)
+            # vLLM's completions default is add_special_tokens=True (a BOS where the tokenizer defines one).
+            prompt_ids = tokenizer.encode(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False)
             if body.get("echo"):
                 echo = prompt
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from app.sim.kv_cache import BLOCK_SIZE, NONE_HASH, block_hashes
+from app.kvcache.hashing import HashAlgo
+from app.sim.kv_cache import BLOCK_SIZE, DEFAULT_HASH_ALGO, block_hashes
 
 
 class Status(enum.Enum):
@@ -20,6 +21,7 @@ class SimRequest:
     """A sequence: prompt + generated tokens, how many have KV computed, and which blocks hold them."""
 
     __slots__ = (
+        "algo",
         "arrival",
         "block_size",
         "blocks",
@@ -62,9 +64,11 @@ class SimRequest:
         out_offset: int = 0,
         emit: Callable[[SimRequest, int], None] | None = None,
         block_size: int = BLOCK_SIZE,
+        algo: HashAlgo = DEFAULT_HASH_ALGO,
     ) -> None:
         self.rid = rid
         self.block_size = block_size
+        self.algo: HashAlgo = algo
         self.tokens = list(prompt)
         self.num_prompt = len(prompt)
         self.max_tokens = max_tokens
@@ -79,7 +83,7 @@ class SimRequest:
         self.num_output = 0
         self.num_computed = 0
         self.blocks: list[int] = []
-        self.hashes: list[bytes] = block_hashes(self.tokens, salt, block_size=block_size)
+        self.hashes: list[bytes] = block_hashes(self.tokens, salt, block_size=block_size, algo=algo)
         self.num_cached_blocks = 0
         self.cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted
         self.num_preemptions = 0
@@ -99,5 +103,9 @@ class SimRequest:
         """Hash blocks that became full since the last call (generated tokens fill blocks too)."""
         have, bs = len(self.hashes), self.block_size
         if (have + 1) * bs <= len(self.tokens):
-            parent = self.hashes[-1] if self.hashes else NONE_HASH
-            self.hashes.extend(block_hashes(self.tokens, self.salt, block_size=bs, start=have, parent=parent))
+            if not have:
+                self.hashes = block_hashes(self.tokens, self.salt, block_size=bs, algo=self.algo)
+                return
+            self.hashes.extend(
+                block_hashes(self.tokens, self.salt, block_size=bs, start=have, parent=self.hashes[-1], algo=self.algo)
+            )

@@ -31,7 +31,7 @@ from app.sim.responses_wire import (
 )
 from app.sim.state import SimState, send_whole
 from app.sim.surface import Job, SurfaceEndpoint, Usage, decode_error, usage_of
-from app.sim.template import TemplateError, render_chat
+from app.sim.template import TemplateError
 from app.sim.validation import BodyErrors
 
 STORE_LIMIT = 4096  # vLLM never evicts (it warns of the leak); the sim keeps the newest this many
@@ -201,12 +201,9 @@ class ResponsesSurface:
                 tool_parser=opts.tool_call_parser,
             )
         try:
-            text = render_chat(
-                messages, tools=chat_tools(tools) if opts.render_tools else None, default_system=st.default_system
-            )
+            ids = st.chat.token_ids({"messages": messages, "tools": chat_tools(tools) if tools else None})
         except TemplateError as e:
             raise SimHTTPError(400, str(e), "BadRequestError", None) from None
-        ids = st.tokenizer.encode(text)
         max_len = st.sched_config.max_model_len
         if len(ids) >= max_len:
             raise _err(

@@ -287,7 +287,11 @@ class Scheduler:
         if full <= req.num_cached_blocks:
             return
         req.extend_hashes()
-        pool, blocks, hashes = self.pool, req.blocks, req.hashes
-        for b in range(req.num_cached_blocks, min(full, len(blocks), len(hashes))):
-            pool.commit(blocks[b], hashes[b])
+        blocks, hashes, lo = req.blocks, req.hashes, req.num_cached_blocks
+        hi = min(full, len(blocks), len(hashes))
+        if hi > lo:
+            self.pool.cache_blocks(
+                blocks[lo:hi], hashes[lo:hi], first=lo, parent=hashes[lo - 1] if lo else None,
+                tokens=req.tokens, salt=req.salt,
+            )  # fmt: skip
         req.num_cached_blocks = full

@@ -25,7 +25,7 @@ from app.sim.responses import ResponsesEndpoint, ResponsesSurface
 from app.sim.sender import DirectSender
 from app.sim.state import SimState, read_body, send_whole
 from app.sim.surface import SurfaceEndpoint
-from app.sim.template import TemplateError, render_chat
+from app.sim.tokenize_api import TokenizeApi
 from app.sim.wire import (
     DONE,
     VLLM_VERSION,
@@ -72,6 +72,7 @@ class GenerationEndpoint:
                 self.kind,
                 body,
                 tokenizer=st.tokenizer,
+                chat=st.chat,
                 served_model=st.options.model,
                 max_model_len=st.sched_config.max_model_len,
                 priority_enabled=st.sched_config.policy == "priority",
@@ -218,7 +219,10 @@ def create_sim_app(options: SimOptions) -> Starlette:
         "enable_prefix_caching": str(options.enable_prefix_caching),
         "num_gpu_blocks": str(pool.num_blocks),
         "kv_cache_size_tokens": str(pool.num_blocks * pool.block_size),
-        "prefix_caching_hash_algo": "sha256",
+        "prefix_caching_hash_algo": pool.hash_algo,
+        # vLLM 0.32 has no max_num_seqs label here (only /server_info in dev mode shows it): the sim adds it,
+        # a label a real replica lacks, so a reader must fall back to its config for vLLM.
+        "max_num_seqs": str(st.sched_config.max_num_seqs),
     }
 
     async def health(_: Request) -> Response:
@@ -244,37 +248,6 @@ def create_sim_app(options: SimOptions) -> Starlette:
         text = st.engine.metrics.render(st.engine.scheduler, spec_enabled=st.spec_enabled, cache_info=cache_info)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def tokenize(request: Request) -> Response:
-        raw = await request.body()
-        try:
-            body = orjson.loads(raw)
-            if not isinstance(body, dict):
-                raise SimHTTPError(400, "Expected a JSON object", "Bad Request")
-            model = body.get("model")
-            if model is not None and model != options.model:
-                raise SimHTTPError(404, f"The model `{model}` does not exist. Valid aliases: {options.model}.",
-                                   "NotFoundError", "model")  # fmt: skip
-            if "messages" in body:
-                try:
-                    text = render_chat(
-                        body["messages"],
-                        tools=body.get("tools") if options.render_tools else None,
-                        add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-                        default_system=st.default_system,
-                    )
-                except TemplateError as e:
-                    raise SimHTTPError(400, str(e), "BadRequestError", "messages") from None
-            else:
-                text = str(body.get("prompt", ""))
-        except orjson.JSONDecodeError:
-            err = json_decode_error(raw)
-            return Response(err.body(), status_code=400, media_type="application/json")
-        except SimHTTPError as e:
-            return Response(e.body(), status_code=e.status, media_type="application/json")
-        ids = st.tokenizer.encode(text)
-        out = {"count": len(ids), "max_model_len": st.sched_config.max_model_len, "tokens": ids, "token_strs": None}
-        return Response(orjson.dumps(out), media_type="application/json")
-
     async def reset_prefix_cache(_: Request) -> Response:
         # vLLM answers 200 with {"success": bool}; it refuses while blocks are in use.
         ok = st.engine.reset_prefix_cache()
@@ -289,6 +262,7 @@ def create_sim_app(options: SimOptions) -> Starlette:
             await st.engine.stop()
 
     chat, completions = GenerationEndpoint(st, "chat"), GenerationEndpoint(st, "completion")
+    tok = TokenizeApi(st)
     responses_api, messages_api = ResponsesSurface(st), MessagesSurface(st)
     responses = ResponsesEndpoint(st, responses_api)
     messages = SurfaceEndpoint(st, messages_api)
@@ -297,7 +271,10 @@ def create_sim_app(options: SimOptions) -> Starlette:
         Route("/version", version, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/tokenize", tok.tokenize, methods=["POST"]),
+        Route("/detokenize", tok.detokenize, methods=["POST"]),
+        Route("/v1/chat/completions/render", tok.render_chat, methods=["POST"]),
+        Route("/v1/completions/render", tok.render_completion, methods=["POST"]),
         Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
         Route("/v1/chat/completions", chat),
         Route("/v1/completions", completions),

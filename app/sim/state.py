@@ -6,6 +6,7 @@ import time
 
 from starlette.types import Receive, Send
 
+from app.sim.chat import BuiltinChat, ChatPrompt, FolderChat, is_model_folder
 from app.sim.engine import Engine, EngineConfig
 from app.sim.options import SimOptions
 from app.sim.template import SMOLLM2_DEFAULT_SYSTEM
@@ -19,6 +20,7 @@ class SimState:
         self.options = options
         self.sched_config = options.scheduler_config()
         self.tokenizer: Tokenizer = load_tokenizer(options.tokenizer)
+        options.validate_kv_events()
         spec = options.spec()
         self.spec_enabled = spec is not None
         self.engine = Engine(
@@ -32,11 +34,22 @@ class SimState:
                 enable_prefix_caching=options.enable_prefix_caching,
                 mean_output_tokens=options.mean_output_tokens,
                 model_name=options.model,
+                hash_algo=options.hash_algo(),
+                kv_events=options.kv_events,
+                kv_replay=options.kv_replay,
+                kv_topic=options.kv_topic,
+                kv_buffer_steps=options.kv_buffer_steps,
             ),
             self.tokenizer.output_vocab(),
             self.tokenizer.eos_token_id,
         )
         self.default_system = SMOLLM2_DEFAULT_SYSTEM if options.default_system_prompt else None
+        # A model folder brings its own chat template (default system turn, tools): those flags then do not apply.
+        self.chat: ChatPrompt = (
+            FolderChat(options.tokenizer, self.engine.pool.block_size, self.engine.pool.hash_algo)
+            if options.tokenizer is not None and is_model_folder(options.tokenizer)
+            else BuiltinChat(self.tokenizer, default_system=self.default_system, render_tools=options.render_tools)
+        )
         self.created = int(time.time())
 
 

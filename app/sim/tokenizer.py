@@ -35,12 +35,20 @@ class Tokenizer(Protocol):
 
     eos_token_id: int
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, special tokens recognised, no BOS added."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`, special tokens recognised; BOS etc. only with add_special_tokens."""
         ...
 
     def output_vocab(self) -> list[tuple[int, str]]:
         """(token id, text) pairs the sim samples output from; each id decodes to its text alone."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids, special tokens kept and unknown ids dropped (as vLLM's /detokenize)."""
+        ...
+
+    def id_to_token(self, tid: int) -> str | None:
+        """The vocabulary string of one id (vLLM's convert_ids_to_tokens), None for an unknown id."""
         ...
 
 
@@ -51,6 +59,10 @@ class FallbackTokenizer:
         self._special = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
         self.eos_token_id = self._special["<|im_end|>"]
         self._cache: dict[str, int] = {}
+        # id -> piece for decoding: the specials, output words and every piece encoded so far (bounded like
+        # _cache); a crc32 id is not invertible, so ids never produced here cannot be decoded.
+        self._pieces: dict[int, str] = {i: tok for tok, i in self._special.items()}
+        self.output_vocab()  # output words decode before anything was encoded
 
     def _piece_id(self, piece: str) -> int:
         tid = self._cache.get(piece)
@@ -60,12 +72,22 @@ class FallbackTokenizer:
                 tid = len(SPECIAL_TOKENS) + zlib.crc32(piece.encode()) % (FALLBACK_VOCAB_SIZE - len(SPECIAL_TOKENS))
             if len(self._cache) < 200_000:
                 self._cache[piece] = tid
+                self._pieces.setdefault(tid, piece)
         return tid
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text` (the scheme has no BOS, so add_special_tokens changes nothing)."""
         piece_id = self._piece_id
         return [piece_id(p) for p in _PIECE.findall(text)]
+
+    def id_to_token(self, tid: int) -> str | None:
+        """The piece an id was produced from (None if this process never produced it)."""
+        return self._pieces.get(tid)
+
+    def decode(self, ids: list[int]) -> str:
+        """Concatenated pieces."""
+        pieces = self._pieces
+        return "".join(pieces.get(t, "") for t in ids)
 
     def output_vocab(self) -> list[tuple[int, str]]:
         """The output words with their ids under this scheme."""
@@ -78,15 +100,26 @@ class HFTokenizer:
     def __init__(self, path: str | Path) -> None:
         from tokenizers import Tokenizer as _Tok
 
-        self._tok = _Tok.from_file(str(path))
+        path = Path(path).expanduser()
+        self._tok = _Tok.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
         eos = self._tok.token_to_id("<|im_end|>")
         if eos is None:
             eos = self._tok.token_to_id("<|endoftext|>")
         self.eos_token_id = int(eos) if eos is not None else 0
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text` as the model's tokenizer splits it (no BOS, like vLLM with a chat template)."""
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text` as the model's tokenizer splits it (no BOS unless asked, like vLLM's chat path)."""
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def id_to_token(self, tid: int) -> str | None:
+        """The vocabulary entry (byte-level BPE shows a leading space as Ġ, as vLLM's token_strs do)."""
+        tok = self._tok.id_to_token(tid)
+        return None if tok is None else str(tok)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids with special tokens kept."""
+        size = self._tok.get_vocab_size(with_added_tokens=True)
+        return str(self._tok.decode([t for t in ids if t < size], skip_special_tokens=False))
 
     def output_vocab(self) -> list[tuple[int, str]]:
         """Output words that are one token in this vocabulary and decode to themselves."""
@@ -99,7 +132,7 @@ class HFTokenizer:
 
 
 def load_tokenizer(path: str | Path | None) -> Tokenizer:
-    """The real tokenizer at `path` when given, else the fallback scheme."""
+    """The real tokenizer at `path` (a tokenizer.json, or a model folder holding one), else the fallback scheme."""
     if path:
         return HFTokenizer(path)
     return FallbackTokenizer()

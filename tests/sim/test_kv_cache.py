@@ -52,8 +52,7 @@ def _cached_pool(num_blocks: int, chains: list[list[bytes]]) -> tuple[BlockPool,
     for chain in chains:
         blocks = pool.allocate(len(chain))
         assert blocks is not None
-        for b, h in zip(blocks, chain, strict=True):
-            pool.commit(b, h)
+        pool.cache_blocks(blocks, chain)
         pool.free_blocks(blocks)
         ids.append(blocks)
     return pool, ids
@@ -111,7 +110,6 @@ def test_disabled_caching_never_hits() -> None:
     chain = block_hashes(_tokens(2 * BLOCK_SIZE))
     blocks = pool.allocate(2)
     assert blocks is not None
-    for b, h in zip(blocks, chain, strict=True):
-        pool.commit(b, h)
+    pool.cache_blocks(blocks, chain)
     pool.free_blocks(blocks)
     assert pool.find_longest_hit(chain, 2) == []
