@@ -13,11 +13,13 @@ from app.normalize.rules import (
     FILLER_RX,
     ID_LABEL_RX,
     ID_RULES,
+    LEARNED,
     MAX_FILLER_WORDS,
     NOW_LABEL_RX,
     OPAQUE_TOKEN_RX,
     SPAN_RX,
     TIME_LABEL_RX,
+    TYPED_RULES,
     span_ok,
 )
 
@@ -29,6 +31,21 @@ _BULLETS = ("- ", "* ", "+ ", "\u2022 ")
 _EMPHASIS = ("**", "__")
 _PAYLOAD_CHARS = frozenset("\"'`{}[]<>")
 _PRESUMABLE_TIME = frozenset({"iso_datetime", "rfc2822_datetime", "epoch", "labelled_datetime", "date"})
+
+# Learned lines: `key=value` / `key: value` pairs, several per line separated by `;`, `,` or blanks
+# (`x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=4f8a2;`). A value is one token:
+# no blanks, separators, quotes, brackets or `=` (bar base64 padding), so prose and payloads never parse.
+LEARNED_RULES: tuple[str, ...] = (LEARNED,)
+MAX_PAIRS = 16
+_VALUE = r"[^\s;,=\"'`{}\[\]<>]{1,64}={0,2}"
+_KEY = r"[A-Za-z_][\w.\-]{0,39}"
+_PAIR_SEP = r"(?:[ \t]*=[ \t]*|:[ \t]+)"  # `key: value` needs the blank: "10:30" and "https://x" are no pairs
+_PAIR_RX = re.compile(rf"{_KEY}(?P<sep>{_PAIR_SEP})(?P<value>{_VALUE})")
+_LIST_SEP = r"(?:[ \t]*[;,][ \t]*|[ \t]+)"
+_PAIRS_RX = re.compile(
+    rf"{_KEY}{_PAIR_SEP}{_VALUE}(?:{_LIST_SEP}{_KEY}{_PAIR_SEP}{_VALUE}){{0,{MAX_PAIRS - 1}}}[ \t]*[;,]?"
+)
+_TOKEN_RX = re.compile(rf"{_VALUE}")
 
 
 class Line(NamedTuple):
@@ -105,6 +122,83 @@ def parse_value(
     if FILLER_RX.fullmatch(" ".join(pieces)) is None:
         return None
     return Line(line_start, line_end, tuple(rules), "".join(skeleton), tuple(values), label, value_start)
+
+
+def parse_learned(text: str, line_start: int, line_end: int, allowed: frozenset[str]) -> Line | None:
+    """The line as `key=value` / `key: value` pairs (or `Label: token`), rule `learned`, or None.
+
+    Accepted shapes, after an optional indent and bullet: a list of pairs (`cch=4f8a2`, `a=1; b=x`,
+    `Ticket: 5dd349`); a label, then such a list (`x-anthropic-billing-header: cc_version=2.1.3; cch=…;`);
+    a label, then one token (`Ticket number: 5dd349`, `- **Nonce:** Zk81`). The line must name some value
+    as machine-made: an `=` pair, or a value holding a digit ("Status: ok", "Mode: fast" are words).
+    A content label (commit, version, …) alone on its line is content, not metadata; a typed span of a
+    rule the tenant does not allow keeps the whole line out. The skeleton blanks every value, so the
+    template key survives a change of any of them and the line moves as a whole.
+    """
+    i = line_start
+    while i < line_end and text[i] in " \t":
+        i += 1
+    if text.startswith(_BULLETS, i, line_end):
+        i += 2
+        while i < line_end and text[i] in " \t":
+            i += 1
+    value_end = line_start + len(text[line_start:line_end].rstrip(" \t\r"))
+    if i >= value_end:
+        return None
+    label: str | None = None
+    if _PAIRS_RX.fullmatch(text, i, value_end) is not None:
+        pairs_from = i
+    else:
+        label, value_start = _split_label(text, line_start, line_end)
+        if label is None or CONTENT_LABEL_RX.search(label) or text[value_start - 1] == ":":
+            return None  # no label, content, or `see https://x.com/a1` (a colon with no blank after it)
+        if _PAIRS_RX.fullmatch(text, value_start, value_end) is not None:
+            pairs_from = value_start
+        elif value_start < value_end and _TOKEN_RX.fullmatch(text, value_start, value_end) is not None:
+            value = text[value_start:value_end]
+            if not any(c.isdigit() for c in value) or not _typed_spans_allowed(text, value_start, value_end, allowed):
+                return None
+            one = text[line_start:value_start] + "\x01"
+            return Line(line_start, line_end, LEARNED_RULES, one, (value,), label, value_start)
+        else:
+            return None
+    values: list[str] = []
+    skeleton: list[str] = []
+    cursor = line_start
+    machine = False
+    value_start = pairs_from
+    for m in _PAIR_RX.finditer(text, pairs_from, value_end):
+        s, e = m.span("value")
+        value = text[s:e]
+        if not values:
+            value_start = s
+        machine = machine or "=" in m.group("sep") or any(c.isdigit() for c in value)
+        skeleton.extend((text[cursor:s], "\x01"))
+        values.append(value)
+        cursor = e
+    if not values or not machine or not _typed_spans_allowed(text, pairs_from, value_end, allowed):
+        return None
+    skeleton.append(text[cursor:value_end])
+    if label is None and len(values) == 1:
+        label = text[pairs_from:value_start].rstrip(" \t:=")
+        if CONTENT_LABEL_RX.search(label):
+            return None  # `commit=3f2a9c1` alone on its line: content
+    return Line(line_start, line_end, LEARNED_RULES, "".join(skeleton), tuple(values), label, value_start)
+
+
+def _typed_spans_allowed(text: str, start: int, end: int, allowed: frozenset[str]) -> bool:
+    """False if a typed rule the tenant does not allow matches in the range (learning must not bypass it)."""
+    if allowed >= TYPED_RULES:
+        return True
+    return all((m.lastgroup or "") in allowed for m in SPAN_RX.finditer(text, start, end))
+
+
+def parse_any(text: str, line_start: int, line_end: int, allowed: frozenset[str], now: datetime) -> Line | None:
+    """The line as a typed metadata line, else (when the tenant allows `learned`) as a learned one."""
+    ln = parse_line(text, line_start, line_end, allowed, now)
+    if ln is None and LEARNED in allowed:
+        ln = parse_learned(text, line_start, line_end, allowed)
+    return ln
 
 
 def _labelled_only(

@@ -8,6 +8,23 @@ from typing import NamedTuple, TypeVar
 _V = TypeVar("_V")
 _POSITIONAL_CAPACITY = 64
 _SHAPE_CAPACITY = 64
+# Learned keys (lines found by structure alone, no typed rule): volatile after this many changes in a
+# row (a value seen three times, each time different: the third request moves it). One change is a
+# version bump or a prompt edit, not volatility.
+LEARN_AFTER_CHANGES = 2
+# ... and static again after this many sightings in a row with the same value (a value that settled:
+# a mixed client fleet that converged, sessions that stopped interleaving). Costs one miss when it happens.
+RELAX_AFTER_SAMES = 16
+
+
+class LearnedKey(int):
+    """A template key of a learned line (an int, so it hashes and compares as one); marks the kind only.
+
+    `TenantMemory.observe` needs more evidence before it calls such a line volatile, and lets it go again
+    once its value settles; typed lines keep the one-change, sticky rule.
+    """
+
+    __slots__ = ()
 
 
 class Shape(NamedTuple):
@@ -28,6 +45,22 @@ def _bounded_put(table: OrderedDict[int, _V], key: int, value: _V, capacity: int
         table.popitem(last=False)
 
 
+def _observe_learned(entry: list[int], value: int) -> bool:
+    """One sighting of a learned key: count the run of changes (or of equal values) and flip at the bounds."""
+    run = entry[2]
+    if entry[0] != value:
+        entry[0] = value
+        run = run + 1 if run > 0 else 1
+        if run >= LEARN_AFTER_CHANGES:
+            entry[1] = 1
+    else:
+        run = run - 1 if run < 0 else -1
+        if -run >= RELAX_AFTER_SAMES:
+            entry[1] = 0
+    entry[2] = max(-RELAX_AFTER_SAMES, min(run, LEARN_AFTER_CHANGES))  # bounded: a small int forever
+    return bool(entry[1])
+
+
 class TenantMemory:
     """One tenant's tables, each an LRU of hashes (no text). Obtain via `VolatilityMemory.for_tenant`."""
 
@@ -35,7 +68,8 @@ class TenantMemory:
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        # template key -> [last value hash, volatile flag]
+        # template key -> [last value hash, volatile flag] (+ a run counter for learned keys: changes in a
+        # row when > 0, same values in a row when < 0)
         self._spans: OrderedDict[int, list[int]] = OrderedDict()
         # hashes of paragraphs already found to hold no metadata (skip re-parsing static text)
         self._static: OrderedDict[int, None] = OrderedDict()
@@ -48,15 +82,23 @@ class TenantMemory:
     def observe(self, key: int, value: int, presume_volatile: bool) -> bool:
         """Record one sighting and say whether the span at `key` counts as volatile.
 
-        Volatile once its value has been seen to change under the same key, and sticky from then on
-        (flip-flopping would move the line back and forth and break the cache twice). On first sight
-        the caller's presumption decides (strongly typed values under "now"/"request id" labels).
+        Typed keys: volatile once the value has been seen to change under the same key, and sticky from
+        then on (flip-flopping would move the line back and forth and break the cache twice); on first
+        sight the caller's presumption decides (strongly typed values under "now"/"request id" labels).
+        `LearnedKey`s: never presumed; volatile after `LEARN_AFTER_CHANGES` changes in a row, static
+        again after `RELAX_AFTER_SAMES` equal sightings in a row.
         """
         entry = self._spans.get(key)
+        learned = type(key) is LearnedKey
         if entry is None:
+            if learned:
+                _bounded_put(self._spans, key, [value, 0, 0], self._capacity)
+                return False
             _bounded_put(self._spans, key, [value, int(presume_volatile)], self._capacity)
             return presume_volatile
         self._spans.move_to_end(key)
+        if learned:
+            return _observe_learned(entry, value)
         if entry[0] != value:
             entry[0] = value
             entry[1] = 1

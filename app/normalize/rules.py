@@ -15,7 +15,12 @@ RULES: tuple[str, ...] = (
     "hex_id",
     "prefixed_id",
     "epoch",
+    "learned",
 )
+# `learned` is not a detector: it names lines found by their `key=value` / `key: value` structure alone,
+# which move only once the volatility memory has seen their values change (see `lines.parse_learned`).
+LEARNED = "learned"
+TYPED_RULES = frozenset(RULES) - {LEARNED}
 ID_RULES = frozenset({"uuid", "hex_id", "prefixed_id"})
 
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)"

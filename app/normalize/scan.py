@@ -6,15 +6,32 @@ import re
 from datetime import datetime
 from typing import NamedTuple
 
-from app.normalize.lines import MAX_LINE_CHARS, Line, parse_line, parse_value, presume
-from app.normalize.memory import Shape, TenantMemory
+from app.normalize.lines import (
+    LEARNED_RULES,
+    MAX_LINE_CHARS,
+    Line,
+    parse_any,
+    parse_learned,
+    parse_line,
+    parse_value,
+    presume,
+)
+from app.normalize.memory import LearnedKey, Shape, TenantMemory
 from app.normalize.regions import in_ranges, protected_ranges, refers_by_position
+from app.normalize.rules import LEARNED
 
 # Only the head of a message is scanned (this many static characters): a volatile line there costs
 # every block after it, and the scan stays O(1) per message however long the prompt is.
 HEAD_CHARS = 2048
 _NEIGHBOUR_STEPS = 256  # a bound for pathological runs of blank/metadata lines
+# Every typed span holds a digit; a learned line holds a digit or an `=`: one C-level search per such
+# line finds them all.
 _DIGIT_LINE_RX = re.compile(r"\d[^\n]*")
+_LEARNABLE_LINE_RX = re.compile(r"[\d=][^\n]*")
+
+
+def _line_rx(allowed: frozenset[str]) -> re.Pattern[str]:
+    return _LEARNABLE_LINE_RX if LEARNED in allowed else _DIGIT_LINE_RX
 
 
 class Candidate(NamedTuple):
@@ -78,15 +95,38 @@ def find_candidates(
 
 
 def _keyed(text: str, slot: object, lines: list[Line]) -> list[Candidate]:
-    """Candidates with their template key (slot, skeleton, static neighbours) and value hash."""
-    starts = {ln.start for ln in lines}
+    """Candidates with their template key (slot, skeleton, static neighbours) and value hash.
+
+    A learned line with a single pair and no static line around it in its text is dropped (it stays as
+    static text): nothing but its own label says it is a template, and it may be a user's whole message.
+    Learned keys are `LearnedKey`s, which the memory holds to a stricter standard of evidence.
+    """
+    neighbours = _neighbours(text, lines)
+    lone = [
+        i
+        for i, ln in enumerate(lines)
+        if ln.rules is LEARNED_RULES and len(ln.values) == 1 and neighbours[i] == ("", "")
+    ]
+    if lone:
+        dropped = set(lone)
+        lines = [ln for i, ln in enumerate(lines) if i not in dropped]
+        neighbours = _neighbours(text, lines)
     out = []
-    for ln in lines:
-        prev_line = _neighbour(text, ln.start, starts, backwards=True)
-        next_line = _neighbour(text, ln.end, starts, backwards=False)
+    for ln, (prev_line, next_line) in zip(lines, neighbours, strict=True):
         key = hash((slot, ln.skeleton, prev_line, next_line))
+        if ln.rules is LEARNED_RULES:
+            key = LearnedKey(key)
         out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton, ln.value_start))
     return out
+
+
+def _neighbours(text: str, lines: list[Line]) -> list[tuple[str, str]]:
+    """Each line's nearest static (non-candidate, non-blank) line before and after it."""
+    starts = {ln.start for ln in lines}
+    return [
+        (_neighbour(text, ln.start, starts, backwards=True), _neighbour(text, ln.end, starts, backwards=False))
+        for ln in lines
+    ]
 
 
 class Scan(NamedTuple):
@@ -111,7 +151,7 @@ def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, m
     template with new values) this is the common case.
     """
     if len(text) < _SMALL_TEXT:
-        if _DIGIT_LINE_RX.search(text) is None:
+        if _line_rx(allowed).search(text) is None:
             return Scan([], text, [], refers_by_position(text))
         candidates = find_candidates(text, slot, allowed, now)
         rest, lines = remove_spans(text, [(c.start, c.end) for c in candidates])
@@ -173,10 +213,12 @@ def _reparse(text: str, shape: Shape, allowed: frozenset[str], now: datetime) ->
             return None
         value_start = pos + prefix_len
         ln = None
-        if value_start < end and hash(text[pos:value_start]) == prefix_hash:
+        if type(key) is LearnedKey:  # typed first, as the full scan does: a new value may now be typed
+            ln = parse_any(text, pos, end, allowed, now)
+        elif value_start < end and hash(text[pos:value_start]) == prefix_hash:
             value_end = pos + len(text[pos:end].rstrip(" \t\r"))
             ln = parse_value(text, pos, end, None, value_start, value_end, allowed, now)
-        if ln is None:  # new label, or a label-only rule that needs the label: the full parse
+        if ln is None and type(key) is not LearnedKey:  # new label, or a label-only rule: the full parse
             ln = parse_line(text, pos, end, allowed, now)
         if ln is None or hash(ln.skeleton) != skeleton_hash:
             return None
@@ -215,13 +257,14 @@ def remove_spans(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str
 def _scan_paragraph(
     text: str, start: int, end: int, allowed: frozenset[str], now: datetime, out: list[Line], budget: int
 ) -> tuple[bool, int]:
-    """Parse the digit-bearing lines of one paragraph into `out` while static characters remain in the
-    head budget; whether any was metadata, and the budget left."""
+    """Parse the lines of one paragraph that may be metadata (a digit, or an `=` when learning) into `out`
+    while static characters remain in the head budget; whether any was metadata, and the budget left."""
     found = False
     pos = start
+    line_rx = _line_rx(allowed)
+    learn = LEARNED in allowed
     while True:
-        # Every rule's span holds a digit: one C-level search per digit-bearing line finds them all.
-        m = _DIGIT_LINE_RX.search(text, pos, end)
+        m = line_rx.search(text, pos, end)
         if m is None:
             return found, budget - (end - pos - text.count("\n", pos, end))
         line_end = m.end()
@@ -232,6 +275,8 @@ def _scan_paragraph(
         parsed = None
         if line_end - line_start <= MAX_LINE_CHARS:
             parsed = parse_line(text, line_start, line_end, allowed, now)
+            if parsed is None and learn:
+                parsed = parse_learned(text, line_start, line_end, allowed)
         if parsed is None:
             budget -= line_end - line_start
         else:
