@@ -365,12 +365,14 @@ cmd_supervise() {
     echo "$restarts" >"$counter"
     echo "restarting in $backoff s" >"$state"
     slog "restart $restarts in $backoff s (${#crashes[@]} crash(es) within $RESTART_WINDOW s)"
-    sleep "$backoff" &
-    wait $! 2>/dev/null || true
+    if ((stopping == 0)); then
+      sleep "$backoff" &
+      wait $! 2>/dev/null || true
+    fi
     if ((stopping)); then
       echo stopped >"$state"
       rm -f "$pidfile"
-      slog "stopped while waiting to restart"
+      slog "stopped before restarting"
       exit 0
     fi
   done
