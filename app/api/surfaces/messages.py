@@ -15,7 +15,7 @@ import orjson
 
 from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
 from app.api.surfaces.openai import rewrite_model
-from app.api.surfaces.sse import event_doc, event_parts, model_markers, named_event
+from app.api.surfaces.sse import ModelRewrite, event_doc, event_parts, named_event
 from app.context import Operation, RequestContext, Usage
 from app.errors import GatewayError, bad_request
 from app.normalize.placement import TailPlacement, render_block
@@ -69,18 +69,20 @@ def _block_chars(content: Any) -> int:
 class MessagesObserver:
     """Relays Messages events untouched but for the model name; message_delta's usage is final."""
 
-    __slots__ = ("_ctx", "_public", "_served", "done")
+    __slots__ = ("_ctx", "_model", "delivered", "done")
 
     def __init__(self, ctx: RequestContext, served: str) -> None:
         self._ctx = ctx
-        self._served, self._public = model_markers(served, ctx.model) if served != ctx.model else (b"", b"")
+        self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
         self.done = False
+        self.delivered = 0
 
     def observe(self, event: bytes) -> bytes | None:
         """Account for one event: id and prompt size at message_start, output and cache at message_delta."""
         ctx = self._ctx
         name, data = event_parts(event)
         if name == b"content_block_delta":
+            self.delivered += 1
             if not ctx.timing.first_token:
                 ctx.timing.first_token = time.perf_counter()
         elif name == b"message_start":
@@ -105,7 +107,7 @@ class MessagesObserver:
         elif name == b"error":
             ctx.error_type = "upstream_stream_error"
             self.done = True
-        return event.replace(self._served, self._public) if self._served else event
+        return self._model.apply(event) if self._model is not None else event
 
     def ending(self, trailer: bytes) -> bytes:
         """The trailer only: message_stop already ended the stream."""
@@ -123,6 +125,7 @@ class MessagesSurface:
     template_kwargs = False
     output_cap_fields: tuple[str, ...] = ("max_tokens",)
     forward: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
+    migratable = False
     require_max_tokens = True
 
     def validate(self, body: dict[str, Any]) -> Parsed:

@@ -17,10 +17,15 @@ from app.api.surfaces.base import (
     stream_flag,
     usage_count,
 )
+from app.api.surfaces.sse import ModelRewrite, event_parts, only_null
 from app.context import RequestContext, Usage
 from app.errors import GatewayError, bad_request, error_body
 
 _DONE = b"data: [DONE]"
+_COMPACT_DATA = b"data: {"
+_BARE_DATA = b"data:{"
+_USAGE, _USAGE_NULL = b'"usage"', b'"usage":null'
+_FINISH, _FINISH_NULL = b'"finish_reason"', b'"finish_reason":null'
 
 
 def capture_usage(usage_obj: Mapping[str, Any] | None, into: Usage) -> None:
@@ -55,64 +60,85 @@ def note_choices(ctx: RequestContext, choices: object) -> bool:
 
 
 def rewrite_model(body: bytes, served: str, public: str) -> bytes:
-    """Put the public model name back where vLLM wrote its served name, without re-serializing."""
+    """Put the public model name back where the upstream wrote its served name, without re-serializing."""
     if served == public:
         return body
-    return body.replace(b'"model":"' + served.encode() + b'"', b'"model":"' + public.encode() + b'"')
+    return ModelRewrite(served, public).apply(body)
 
 
 def plain_token_chunk(event: bytes) -> bool:
     """A mid-stream token chunk carries nothing to account for: no usage, finish reason or error.
 
-    Checked on the bytes (vLLM writes compact JSON) so most chunks are relayed without being parsed.
+    Checked on the bytes so most chunks are relayed without being parsed: vLLM's compact `"finish_reason":null`
+    (and `"usage":null`) pass; any other spelling of those keys, or any `"error"` key, means parse.
     """
-    return b'"usage":{' not in event and b'"finish_reason":"' not in event and b'"error"' not in event
+    return (
+        b'"error"' not in event
+        and only_null(event, _FINISH, _FINISH_NULL)
+        and only_null(event, _USAGE, _USAGE_NULL)
+    )
 
 
 class ChunkObserver:
     """OpenAI's chunk stream: relayed untouched but for the model name; the usage-only chunk is dropped
-    when the client did not ask for it (the gateway always does); `data: [DONE]` is sent after the trailer."""
+    when the client did not ask for it (the gateway always does); `data: [DONE]` is sent after the trailer.
 
-    __slots__ = ("_ctx", "_public_marker", "_rewrite", "_served_marker", "done")
+    Token chunks in vLLM's compact JSON skip the parser; anything else (spaced JSON, `data:` on a later
+    line, a finish, usage or error chunk) is parsed, so detection does not depend on formatting.
+    """
+
+    __slots__ = ("_ctx", "_model", "delivered", "done")
 
     def __init__(self, ctx: RequestContext, served: str) -> None:
         self._ctx = ctx
-        self._served_marker = b'"model":"' + served.encode() + b'"'
-        self._public_marker = b'"model":"' + ctx.model.encode() + b'"'
-        self._rewrite = served != ctx.model
+        self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
         self.done = False
+        self.delivered = 0
 
     def observe(self, event: bytes) -> bytes | None:
         """Account for one SSE event; return the bytes to forward, or None to drop it."""
-        ctx = self._ctx
         if event.startswith(_DONE):
             self.done = True
             return None  # sent by ending(), after the trailer
-        if not event.startswith(b"data:"):
-            return event
-        if ctx.timing.first_token and plain_token_chunk(event):
-            return event.replace(self._served_marker, self._public_marker) if self._rewrite else event
+        if (
+            (event.startswith(_COMPACT_DATA) or event.startswith(_BARE_DATA))
+            and self._ctx.timing.first_token
+            and plain_token_chunk(event)
+        ):
+            self.delivered += 1
+            return self._model.apply(event) if self._model is not None else event
+        return self._parsed(event)
+
+    def _parsed(self, event: bytes) -> bytes | None:
+        ctx = self._ctx
+        _, data = event_parts(event)
+        if not data:
+            return event  # a comment, or id:/retry: lines alone
+        if data == b"[DONE]":
+            self.done = True
+            return None
         try:
-            doc = orjson.loads(event[5:])
+            doc = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return event
+            return self._model.apply(event) if self._model is not None else event
         if not isinstance(doc, dict):
             return event
         if ctx.response_id is None:
-            ctx.response_id = doc.get("id")
+            rid = doc.get("id")
+            ctx.response_id = rid if isinstance(rid, str) else None
         usage = doc.get("usage")
         choices = doc.get("choices")
-        if usage:
+        if isinstance(usage, Mapping) and usage:
             capture_usage(usage, ctx.usage)
-        if note_choices(ctx, choices) and not ctx.timing.first_token:
-            ctx.timing.first_token = time.perf_counter()
+        if note_choices(ctx, choices):
+            self.delivered += 1
+            if not ctx.timing.first_token:
+                ctx.timing.first_token = time.perf_counter()
         if usage and not choices and not ctx.client_wants_usage:
             return None
         if "error" in doc:
             ctx.error_type = "upstream_stream_error"
-        if self._rewrite:
-            event = event.replace(self._served_marker, self._public_marker)
-        return event
+        return self._model.apply(event) if self._model is not None else event
 
     def ending(self, trailer: bytes) -> bytes:
         """The trailer, then `data: [DONE]`."""
@@ -134,6 +160,7 @@ class OpenAISurface:
     # Where the body caps its output, newest first (limits read and lower these).
     output_cap_fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
     forward: tuple[str, ...] = ()
+    migratable = False
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Common OpenAI fields; always ask for the usage chunk on streams (limits and cost need it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -32,6 +33,48 @@ def named_event(name: str, doc: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(doc) + b"\n\n"
 
 
+def json_string(value: str) -> bytes:
+    """`value` as a JSON string literal (quotes included), as orjson and vLLM write it."""
+    return orjson.dumps(value)
+
+
+class ModelRewrite:
+    """Puts the public model name where an upstream wrote the served one, in any JSON spacing.
+
+    vLLM writes compact JSON: the compact marker is replaced without parsing. Only when the served name is
+    still there as a JSON string afterwards (spaced JSON, `"model" : "x"`) does a whitespace-tolerant
+    pattern run; the bytes around it are kept as they came.
+    """
+
+    __slots__ = ("_public_marker", "_public_value", "_served_marker", "_served_quoted", "_spaced")
+
+    def __init__(self, served: str, public: str) -> None:
+        self._served_quoted = json_string(served)
+        self._public_value = json_string(public)
+        self._served_marker, self._public_marker = b'"model":' + self._served_quoted, b'"model":' + self._public_value
+        self._spaced = re.compile(rb'"model"[ \t\r\n]*:[ \t\r\n]*' + re.escape(self._served_quoted))
+
+    def apply(self, data: bytes) -> bytes:
+        """`data` with every `"model": <served>` member naming the public model instead."""
+        out = data.replace(self._served_marker, self._public_marker)
+        if self._served_quoted in out:
+            out = self._spaced.sub(lambda _m: b'"model":' + self._public_value, out)
+        return out
+
+
 def model_markers(served: str, public: str) -> tuple[bytes, bytes]:
     """The byte patterns of the served and the public model name, as compact JSON writes them."""
-    return b'"model":"' + served.encode() + b'"', b'"model":"' + public.encode() + b'"'
+    return b'"model":' + json_string(served), b'"model":' + json_string(public)
+
+
+def only_null(data: bytes, key: bytes, null_marker: bytes) -> bool:
+    """True when every occurrence of the JSON key `key` (quoted) is the compact `key:null` (or there is none).
+
+    A False is only a reason to parse: a key name inside a string value can match too, never be missed.
+    """
+    i = data.find(key)
+    while i >= 0:
+        if not data.startswith(null_marker, i):
+            return False
+        i = data.find(key, i + len(null_marker))
+    return True
