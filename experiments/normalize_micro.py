@@ -6,8 +6,9 @@ markdown instructions with numbered rules, a few-shot example and a code block; 
 table gives median and p90 µs per request (each request timed on its own, variants interleaved run by
 run so load drift hits them alike, gc paused while timing) and the median's ratio to the baseline.
 Variants: json copy (baseline: `json.loads(json.dumps(body))`), normalize off, observe, on (warm memory:
-the steady state), on with 8 tools in shuffled key order, and on with a cold memory (first request of
-a tenant).
+the steady state), on with 8 tools in shuffled key order, on with Claude Code's billing line on top
+(`x-anthropic-billing-header: cc_version=…; cc_entrypoint=cli; cch=<5 hex>;`, a new nonce per request:
+the learned path, no typed rule matches it), and on with a cold memory (first request of a tenant).
 
     .venv/bin/python experiments/normalize_micro.py [--requests 1000] [--runs 5]
 """
@@ -78,8 +79,8 @@ def tools(rng: random.Random) -> list[dict[str, Any]]:
     return out
 
 
-def requests(n: int, with_tools: bool, seed: int = 1) -> list[dict[str, Any]]:
-    """n chat requests sharing the static prompt, each with a fresh volatile header."""
+def requests(n: int, with_tools: bool, seed: int = 1, billing: bool = False) -> list[dict[str, Any]]:
+    """n chat requests sharing the static prompt, each with a fresh volatile header (and billing line)."""
     rng = random.Random(seed)
     static = static_prompt(random.Random(0))
     out = []
@@ -89,6 +90,9 @@ def requests(n: int, with_tools: bool, seed: int = 1) -> list[dict[str, Any]]:
             f"Current time: {ts}\nRequest ID: req_{rng.getrandbits(64):016x}\n"
             f"Session: {uuid.UUID(int=rng.getrandbits(128))}\n\n"
         )
+        if billing:
+            nonce = f"{rng.getrandbits(20):05x}"
+            head = f"x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch={nonce};\n" + head
         body: dict[str, Any] = {
             "model": "m",
             "messages": [
@@ -128,7 +132,8 @@ def main() -> None:
     model = ModelConfig(name="m", pools=["p"])
     plain = requests(args.requests, with_tools=False)
     tooled = requests(args.requests, with_tools=True, seed=2)
-    memories = {mode: VolatilityMemory() for mode in ("observe", "on", "on_tools")}
+    billed = requests(args.requests, with_tools=False, seed=3, billing=True)
+    memories = {mode: VolatilityMemory() for mode in ("observe", "on", "on_tools", "on_billing")}
 
     def norm(mode: str, memory_key: str) -> Callable[[dict[str, Any]], Any]:
         tenant = Tenant(id="acme", normalize=mode)  # type: ignore[arg-type]
@@ -147,6 +152,7 @@ def main() -> None:
         ("normalize on", norm("on", "on"), plain),
         ("json copy, 8 tools", lambda b: json.loads(json.dumps(b)), tooled),
         ("normalize on, 8 tools", norm("on", "on_tools"), tooled),
+        ("normalize on, billing line", norm("on", "on_billing"), billed),
         ("normalize on, cold memory", norm("on", "cold"), plain),
     ]
     for _, fn, bodies in variants:  # warm-up: memories learn, caches fill, code paths get hot
