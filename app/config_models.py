@@ -50,6 +50,18 @@ def _yaml_bool_to_mode(value: Any) -> Any:
 class Listen(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    # Slow clients: a request's headers must arrive within header_timeout_s of its first byte (or of the
+    # connection), its body within body_timeout_s of the headers; a stalled socket is closed and counted.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    # Open connections one client address may hold at once; one more is answered 503 and closed.
+    max_connections_per_client: int = Field(256, ge=1)
+    # An idle keep-alive connection is closed after this long.
+    keepalive_timeout_s: float = Field(5.0, gt=0)
+    # On SIGTERM: /ready turns 503 and the listener stays open drain_notice_s more (load balancers see the
+    # readiness change), then stops accepting; open requests get up to drain_s (from the signal) to finish.
+    drain_s: float = Field(30.0, ge=0)
+    drain_notice_s: float = Field(1.0, ge=0)
 
 
 class StoreConfig(_Strict):
@@ -250,6 +262,8 @@ class UpstreamConfig(_Strict):
     retries: int = Field(2, ge=0, le=5)
     keepalive_timeout_s: float = Field(30.0, gt=0)
     backoff: BackoffConfig = BackoffConfig()
+    # A chat stream whose replica fails midway continues on another replica this many times (0: never).
+    max_migrations: int = Field(1, ge=0, le=3)
 
 
 class BreakerSettings(_Strict):

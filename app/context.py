@@ -162,6 +162,12 @@ class RequestContext:
     # (pool, replica URL) the request must go to: it continues a response stored there.
     pinned: tuple[str, str] | None = None
     settled: bool = False
+    # Mid-stream migration: how many times the stream moved, each outcome (a metric label), replicas left.
+    migrations: int = 0
+    migration_outcomes: list[str] = field(default_factory=list)
+    migration_failed: set[str] = field(default_factory=set)
+    # Usage was not reported by the upstream (a cut stream): billed from the estimate and what was relayed.
+    usage_estimated: bool = False
     # Whether an upstream call was made at all (telemetry tells rejections from upstream failures).
     upstream_called: bool = False
 

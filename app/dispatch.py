@@ -11,19 +11,20 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import orjson
 
-from app.api.surfaces.base import StreamObserver
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
-from app.errors import FailureKind, GatewayError, bad_request, upstream_unreachable
+from app.errors import FailureKind, GatewayError, bad_request
+from app.migrate import Delivered, Splice, continuation
+from app.relay import Continued, StreamRelay
 from app.routing.pick import pick
 from app.routing.retry import backoff_s
 from app.routing.state import ClusterState, ReplicaState
-from app.upstream import Transport, UpstreamResponse, forward_headers, sse_events
+from app.upstream import Transport, UpstreamResponse, forward_headers
 
 
 class Lease:
@@ -68,54 +69,6 @@ class Complete:
     status: int
     body: bytes
     content_type: str
-
-
-class StreamRelay:
-    """An upstream SSE stream relayed event by event through the surface's observer; owns the lease."""
-
-    def __init__(
-        self, ctx: RequestContext, resp: UpstreamResponse, lease: Lease, observer: StreamObserver
-    ) -> None:
-        self.ctx = ctx
-        self.observer = observer
-        self._resp = resp
-        self._lease = lease
-
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        """Relayed bytes; a failure midway ends with the surface's error event. Close it with aclose()."""
-        ctx, observer, replica = self.ctx, self.observer, self._lease.replica
-        verdict: FailureKind | None = None
-        clean = False
-        try:
-            try:
-                async for batch in sse_events(self._resp.chunks()):
-                    out = [kept for event in batch if (kept := observer.observe(event)) is not None]
-                    if ctx.timing.first_token and not replica.ttft_ewma_s:
-                        replica.on_first_token(ctx.timing.first_token - ctx.timing.upstream_start)
-                    if out:
-                        yield b"".join(out)
-                if not observer.done:
-                    raise upstream_unreachable("upstream closed the stream before its final event", "protocol")
-            except GatewayError as err:
-                verdict = err.failure or "protocol"
-                ctx.error_type = err.code or err.type
-                yield ctx.surface.stream_error(err)
-            else:
-                clean = True
-        finally:
-            ctx.timing.end = ctx.timing.end or time.perf_counter()
-            ctx.timing.upstream_busy = ctx.timing.end - ctx.timing.upstream_start
-            if observer.done:
-                self._resp.release()
-            else:
-                self._resp.close()
-            if verdict is not None:
-                self._lease.fail(verdict)
-            elif clean:
-                self._lease.succeed()
-            else:
-                self._lease.release()
-                ctx.error_type = ctx.error_type or "client_disconnected"
 
 
 AttemptHook = Callable[[RequestContext, dict[str, str]], None]
@@ -185,7 +138,11 @@ class Dispatcher:
                 raise
             ctx.error_type = None
             if ctx.stream and resp.status == 200:
-                return StreamRelay(ctx, resp, lease, ctx.surface.stream_observer(ctx, served))
+                return StreamRelay(
+                    ctx, resp, lease, ctx.surface.stream_observer(ctx, served),
+                    migrate=self._migrate if ctx.surface.migratable else None,
+                    max_migrations=self.cfg.upstream.max_migrations,
+                )  # fmt: skip
             with lease:
                 try:
                     body = await resp.body()
@@ -200,6 +157,69 @@ class Dispatcher:
             return self._complete(ctx, resp, body, served)
         assert last is not None
         raise last
+
+    async def _migrate(self, ctx: RequestContext, got: Delivered) -> Continued | None:
+        """Continue a cut stream on another replica (app/migrate.py); None when none takes it."""
+        assert ctx.route is not None and ctx.route_class is not None
+        model = self.cfg.model(ctx.model)
+        assert model is not None
+        ctx.migration_failed.add(ctx.route.replica)
+        try:
+            route = pick(
+                model=model, decision=ctx.route_class, key=0, cluster=self.cluster, cfg=self.cfg.routing,
+                exclude=frozenset(ctx.migration_failed), body=ctx.body,
+            )  # fmt: skip
+        except GatewayError:
+            ctx.migration_outcomes.append("no_replica")
+            return None
+        assert route.target is not None
+        served = self.cfg.pools[route.pool].served_model
+        sent = await self._count_tokens(route.replica, served, got.text) or got.chunks
+        body = ctx.surface.upstream_body(
+            continuation(ctx.body, got.text, sent), served_model=served, priority=route.priority,
+            cache_salt=ctx.cache_salt,
+        )  # fmt: skip
+        lease = Lease(route.target)
+        try:
+            payload = orjson.dumps(body)
+            resp = await self.transport.send(route.replica, ctx.path, payload, forward_headers(ctx.request_id))
+        except GatewayError as err:
+            lease.fail(err.failure or "connect")
+            ctx.migration_outcomes.append("failed")
+            return None
+        except BaseException:
+            lease.release()
+            raise
+        if resp.status != 200:
+            with lease:
+                await resp.body()
+                resp.release()
+                lease.succeed()
+            ctx.migration_outcomes.append("refused")
+            return None
+        ctx.migrations += 1
+        ctx.migration_outcomes.append("migrated")
+        route.reason, route.attempt = "migration", (ctx.route.attempt + 1)
+        route.detail = f"continued from {ctx.route.replica} after {sent} tokens"
+        ctx.route = route
+        splice = Splice(got.id or ctx.response_id or "", got.created, sent)
+        return Continued(resp, lease, ctx.surface.stream_observer(ctx, served), splice)
+
+    async def _count_tokens(self, replica: str, served: str, text: str) -> int | None:
+        # The continuation's output cap and the usage split need the delivered text in tokens: the replica's
+        # own tokenizer says (vLLM's /tokenize); chunks are a lower bound when it cannot answer.
+        if not text:
+            return 0
+        payload = orjson.dumps({"model": served, "prompt": text, "add_special_tokens": False})
+        try:
+            resp = await self.transport.send(replica, "/tokenize", payload, forward_headers(""))
+            raw = await resp.body()
+            resp.release()
+        except GatewayError:
+            return None
+        doc = orjson.loads(raw) if raw.startswith(b"{") else None
+        count = doc.get("count") if isinstance(doc, dict) else None
+        return count if isinstance(count, int) and resp.status == 200 else None
 
     def _pinned(self, ctx: RequestContext) -> RouteDecision:
         assert ctx.pinned is not None

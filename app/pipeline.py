@@ -35,8 +35,8 @@ from app.settle import Settler
 from app.store.base import Store
 from app.store.factory import create_store
 from app.telemetry import Telemetry
-from app.telemetry.kv_metrics import register_kv_metrics
 from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, response_headers, sse_trailer
+from app.telemetry.kv_metrics import register_kv_metrics
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
 

@@ -80,8 +80,12 @@ def ctx(stream: bool = False) -> RequestContext:
     return c
 
 
-def setup(script: dict[str, list[Any]], **routing: Any) -> tuple[Dispatcher, ClusterState, list[float]]:
+def setup(
+    script: dict[str, list[Any]], upstream: dict[str, Any] | None = None, **routing: Any
+) -> tuple[Dispatcher, ClusterState, list[float]]:
     cfg = make_config([A, B], [], fast_extra={"policy": "round_robin"}, routing=routing)
+    if upstream:
+        cfg = cfg.model_copy(update={"upstream": cfg.upstream.model_copy(update=upstream)})
     cluster = ClusterState.from_config(cfg)
     sleeps: list[float] = []
 
@@ -188,7 +192,7 @@ async def test_a_clean_stream_drops_the_unrequested_usage_chunk_and_succeeds() -
 
 async def test_a_stream_cut_midway_ends_with_an_error_event_and_counts_against_the_replica() -> None:
     resp = FakeResponse(chunks=CHUNKS, fail_after=1)
-    d, cluster, _ = setup({A: [resp]})
+    d, cluster, _ = setup({A: [resp]}, upstream={"max_migrations": 0})
     c = ctx(stream=True)
     relay = await d.run(c, d.cfg.models[0], key())
     assert isinstance(relay, StreamRelay)

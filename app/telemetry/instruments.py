@@ -51,6 +51,11 @@ ROUTE_DECISIONS = MetricSpec(
 NORMALIZE_MOVED = MetricSpec(
     "gateway.normalize.moved_spans", "{span}", "Volatile spans moved to the tail, by rule", ("rule", "tenant")
 )
+MIGRATIONS = MetricSpec(
+    "gateway.stream.migrations", "{stream}",
+    "Streams whose replica failed midway, by outcome (migrated, or why not: n, logprobs, tool_call, …)",
+    ("pool", "outcome"),
+)  # fmt: skip
 OVERHEAD = MetricSpec(
     "gateway.overhead", "s", "Gateway time per request excluding upstream time", ("pool", "stream"),
     OVERHEAD_BUCKETS,
@@ -74,7 +79,7 @@ TIME_PER_OUTPUT_TOKEN = MetricSpec(
 
 ALL_METRICS = (
     TENANT_COST, TENANT_SAVINGS, POOL_IDLE_COST, POOL_GPU_COST, TENANT_TOKENS, REQUESTS, RATE_LIMITED,
-    ROUTE_DECISIONS, NORMALIZE_MOVED, OVERHEAD, TOKEN_USAGE, OPERATION_DURATION, TIME_TO_FIRST_TOKEN,
+    ROUTE_DECISIONS, NORMALIZE_MOVED, MIGRATIONS, OVERHEAD, TOKEN_USAGE, OPERATION_DURATION, TIME_TO_FIRST_TOKEN,
     TIME_PER_OUTPUT_TOKEN,
 )  # fmt: skip
 
@@ -89,6 +94,7 @@ PROMETHEUS_NAMES = {
     RATE_LIMITED.name: "gateway_rate_limited_total",
     ROUTE_DECISIONS.name: "gateway_route_decisions_total",
     NORMALIZE_MOVED.name: "gateway_normalize_moved_spans_total",
+    MIGRATIONS.name: "gateway_stream_migrations_total",
     OVERHEAD.name: "gateway_overhead_seconds",
     TOKEN_USAGE.name: "gen_ai_client_token_usage",
     OPERATION_DURATION.name: "gen_ai_client_operation_duration_seconds",
@@ -108,6 +114,7 @@ class Instruments:
         self.rate_limited = store.counter(RATE_LIMITED)
         self.route_decisions = store.counter(ROUTE_DECISIONS)
         self.normalize_moved = store.counter(NORMALIZE_MOVED)
+        self.migrations = store.counter(MIGRATIONS)
         self.overhead = store.histogram(OVERHEAD)
         self.token_usage = store.histogram(TOKEN_USAGE)
         self.operation_duration = store.histogram(OPERATION_DURATION)

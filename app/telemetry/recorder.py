@@ -264,6 +264,8 @@ class Telemetry:
                 for rule, n in report.moved.items():
                     if n > 0:
                         inst.normalize_moved.add((rule, tenant), n)
+            for outcome in ctx.migration_outcomes:
+                inst.migrations.add((pool, outcome), 1)
             if route is not None and pool is not None:
                 inst.route_decisions.add((pool, rclass, route.policy, route.reason), 1)
                 uncached, cached, output = usage.uncached_tokens, usage.cached_tokens, usage.completion_tokens

@@ -57,6 +57,9 @@ KV_SAVINGS = "kvgate.savings_usd"
 KV_OVERHEAD_MS = "kvgate.overhead_ms"
 KV_REQUEST_ID = "kvgate.request_id"
 KV_API = "kvgate.api"
+KV_MIGRATIONS = "kvgate.stream.migrations"
+KV_MIGRATION_OUTCOMES = "kvgate.stream.migration_outcomes"
+KV_USAGE_ESTIMATED = "kvgate.usage.estimated"
 KV_REJECTED = "kvgate.rejected_reason"
 KV_NORMALIZE_MODE = "kvgate.normalize.mode"
 KV_NORMALIZE_MOVED = "kvgate.normalize.moved"
@@ -125,6 +128,11 @@ def client_start_attributes(ctx: RequestContext, served_model: str, address: tup
 def gateway_attributes(ctx: RequestContext) -> dict[str, Any]:
     """kvgate.* attributes: who paid, where it ran, why, what it cost, what normalization did."""
     attrs: dict[str, Any] = {KV_COST: ctx.cost_usd, KV_SAVINGS: ctx.savings_usd, KV_API: ctx.surface.name}
+    if ctx.migration_outcomes:
+        attrs[KV_MIGRATIONS] = ctx.migrations
+        attrs[KV_MIGRATION_OUTCOMES] = list(ctx.migration_outcomes)
+    if ctx.usage_estimated:
+        attrs[KV_USAGE_ESTIMATED] = True
     if ctx.tenant is not None:
         attrs[KV_TENANT] = ctx.tenant.id
     route = ctx.route

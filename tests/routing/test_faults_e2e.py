@@ -67,8 +67,9 @@ class SimProcess:
 
 
 @pytest.fixture
-def cluster() -> Iterator[tuple[str, SimProcess, SimProcess]]:
-    """Gateway URL, survivor and victim."""
+def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, SimProcess, SimProcess]]:
+    """Gateway URL, survivor and victim (indirect param: upstream.max_migrations, default 1)."""
+    migrations = getattr(request, "param", 1)
     sims = [SimProcess(), SimProcess()]
     try:
         for s in sims:
@@ -79,7 +80,7 @@ def cluster() -> Iterator[tuple[str, SimProcess, SimProcess]]:
                                "replicas": [s.url for s in sims],
                                "price": {"input_per_m": 1.0, "output_per_m": 2.0}}},
             "auth": {"required": False},
-            "upstream": {"connect_timeout_s": 1, "retries": 2},
+            "upstream": {"connect_timeout_s": 1, "retries": 2, "max_migrations": migrations},
             "routing": {"probe_interval_s": 0.3},
         }, env={})  # fmt: skip
         with serve_in_thread(create_app(cfg)) as gw:
@@ -127,8 +128,10 @@ async def test_kill_restart_keeps_non_streaming_requests_whole_and_replica_rejoi
     await client.close()
 
 
-async def _stream(http: httpx.AsyncClient, gw: str, i: int, started: asyncio.Event, count: list[int]) -> list[bytes]:
-    body = {"model": MODEL, "stream": True, "max_tokens": 3000, "ignore_eos": True,
+async def _stream(
+    http: httpx.AsyncClient, gw: str, i: int, started: asyncio.Event, count: list[int], until_done: bool = False
+) -> list[bytes]:
+    body = {"model": MODEL, "stream": True, "max_tokens": 400 if until_done else 3000, "ignore_eos": True,
             "messages": [{"role": "user", "content": f"stream {i}"}]}  # fmt: skip
     events: list[bytes] = []
     async with http.stream("POST", gw + "/v1/chat/completions", json=body) as resp:
@@ -144,12 +147,14 @@ async def _stream(http: httpx.AsyncClient, gw: str, i: int, started: asyncio.Eve
                         if count[0] == 4:
                             started.set()
                     events.append(event[5:].strip())
-                    if events[-1] != b"[DONE]" and "error" not in orjson.loads(events[-1]) and len(events) > 40:
+                    if (not until_done and events[-1] != b"[DONE]" and "error" not in orjson.loads(events[-1])
+                            and len(events) > 40):  # fmt: skip
                         return events  # a survivor's stream: long enough, stop reading
     return events
 
 
-async def test_streams_on_a_killed_replica_end_with_an_error_event_then_done(
+@pytest.mark.parametrize("cluster", [0], indirect=True)
+async def test_without_migration_streams_on_a_killed_replica_end_with_an_error_event_then_done(
     cluster: tuple[str, SimProcess, SimProcess],
 ) -> None:
     gw, _, victim = cluster
@@ -166,3 +171,26 @@ async def test_streams_on_a_killed_replica_end_with_an_error_event_then_done(
         error = orjson.loads(events[-2])
         assert error["error"]["code"] == "upstream_unreachable"
         assert all("error" not in orjson.loads(e) for e in events[:-2])
+
+
+async def test_streams_on_a_killed_replica_continue_on_the_survivor_without_an_error(
+    cluster: tuple[str, SimProcess, SimProcess],
+) -> None:
+    gw, _, victim = cluster
+    started = asyncio.Event()
+    count = [0]
+    async with httpx.AsyncClient(timeout=30) as http:
+        tasks = [asyncio.create_task(_stream(http, gw, i, started, count, until_done=True)) for i in range(4)]
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.to_thread(victim.kill)
+        results = await asyncio.gather(*tasks)
+        metrics = (await http.get(gw + "/metrics")).text
+    for events in results:
+        assert events[-1] == b"[DONE]"
+        docs = [orjson.loads(e) for e in events[:-1]]
+        assert all("error" not in d for d in docs)
+        assert len({d["id"] for d in docs}) == 1 and len({d["created"] for d in docs}) == 1
+        roles = [c for d in docs for c in d["choices"] if c["delta"].get("role")]
+        finishes = [c["finish_reason"] for d in docs for c in d["choices"] if c.get("finish_reason")]
+        assert len(roles) == 1 and finishes == ["length"]
+    assert 'gateway_stream_migrations_total{outcome="migrated",pool="main"} 2.0' in metrics

@@ -33,7 +33,9 @@ def exported() -> Iterator[tuple[Received, list[Any]]]:
         # A long interval: the export under test is the explicit flush, not a timer firing.
         cfg = TelemetryConfig(otlp_endpoint=endpoint, service_name="kvgate-test", metric_export_interval_s=600)
         telemetry = Telemetry(cfg, POOLS, clock=FakeClock())
-        ctxs = [make_ctx(), make_ctx(tenant="globex", pool="bulk", stream=False)]
+        migrated = make_ctx()
+        migrated.migrations, migrated.migration_outcomes = 1, ["migrated"]
+        ctxs = [make_ctx(), make_ctx(tenant="globex", pool="bulk", stream=False), migrated]
         for ctx in ctxs:
             run_request(telemetry, ctx)
         assert telemetry.force_flush(timeout_s=10)
@@ -51,7 +53,8 @@ def test_spans_arrive_over_otlp_http_with_convention_names(exported: tuple[Recei
     spans = received.spans()
     names = sorted(s.name for s in spans)
     assert names == sorted(
-        [f"chat {POOLS['fast'].served_model}", f"chat {POOLS['bulk'].served_model}"] + [f"POST {ctxs[0].path}"] * 2
+        [f"chat {POOLS['fast'].served_model}"] * 2 + [f"chat {POOLS['bulk'].served_model}"]
+        + [f"POST {ctxs[0].path}"] * 3
     )
     client = next(s for s in spans if s.name == f"chat {POOLS['bulk'].served_model}")
     attrs = _attrs(client)

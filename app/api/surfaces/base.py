@@ -26,6 +26,7 @@ class StreamObserver(Protocol):
     """Reads one upstream SSE stream event by event: accounts usage into the context, decides what to relay."""
 
     done: bool  # the upstream sent its protocol's final event
+    delivered: int  # events relayed that carried generated content (a cut stream is billed for these)
 
     def observe(self, event: bytes) -> bytes | None:
         """The bytes to relay for one complete SSE event (None: drop it)."""
@@ -47,6 +48,7 @@ class Surface(Protocol):
     template_kwargs: bool  # the body takes `chat_template_kwargs` (vLLM's chat endpoints)
     output_cap_fields: tuple[str, ...]  # where the body caps its output, newest first
     forward: tuple[str, ...]  # request headers passed on to vLLM as they came (anthropic-version)
+    migratable: bool  # a stream cut midway may continue on another replica (app/migrate.py)
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Check the body's fields (raise 400 GatewayError); may add what the gateway needs (include_usage)."""

@@ -1,0 +1,123 @@
+"""The stream relay: an upstream SSE stream event by event through the surface's observer, to the client.
+
+It owns the attempt's lease (one verdict per replica), continues a chat stream on another replica when its
+replica fails midway (through the dispatcher's `migrate`, see app/migrate.py), and bills what was delivered
+when a stream ends without its usage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from app.api.surfaces.base import StreamObserver
+from app.context import RequestContext
+from app.errors import GatewayError, upstream_unreachable
+from app.migrate import Delivered, Splice, delivered, not_migratable
+from app.upstream import UpstreamResponse, sse_events
+
+if TYPE_CHECKING:
+    from app.dispatch import Lease
+
+
+class Continued(NamedTuple):
+    """A continuation stream that took over: its response, lease, observer and splice."""
+
+    resp: UpstreamResponse
+    lease: Lease
+    observer: StreamObserver
+    splice: Splice
+
+
+Migrate = Callable[[RequestContext, Delivered], Awaitable[Continued | None]]
+
+
+class StreamRelay:
+    """An upstream SSE stream relayed through the surface's observer; the current attempt's lease ends with it."""
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        resp: UpstreamResponse,
+        lease: Lease,
+        observer: StreamObserver,
+        *,
+        migrate: Migrate | None = None,
+        max_migrations: int = 0,
+    ) -> None:
+        self.ctx = ctx
+        self.observer = observer
+        self._resp = resp
+        self._lease = lease
+        self._migrate = migrate if max_migrations > 0 else None
+        self._max_migrations = max_migrations
+        # What the client was sent, kept only where a migration may need to read it back.
+        self._journal: list[bytes] | None = [] if self._migrate is not None else None
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        """Relayed bytes; a failure midway migrates or ends with the surface's error event. Close with aclose()."""
+        ctx = self.ctx
+        splice: Splice | None = None
+        clean = failed = False
+        try:
+            while True:
+                observer, replica = self.observer, self._lease.replica
+                try:
+                    async for batch in sse_events(self._resp.chunks()):
+                        if splice is not None:
+                            batch = [e for event in batch if (e := splice.rewrite(event)) is not None]
+                        out = [kept for event in batch if (kept := observer.observe(event)) is not None]
+                        if ctx.timing.first_token and not replica.ttft_ewma_s:
+                            replica.on_first_token(ctx.timing.first_token - ctx.timing.upstream_start)
+                        if out:
+                            if self._journal is not None:
+                                self._journal.extend(out)
+                            yield b"".join(out)
+                    if not observer.done:
+                        raise upstream_unreachable("upstream closed the stream before its final event", "protocol")
+                    clean = True
+                    break
+                except GatewayError as err:
+                    self._lease.fail(err.failure or "protocol")
+                    self._resp.close()
+                    taken = await self._continue(err)
+                    if taken is None:
+                        failed = True
+                        ctx.error_type = err.code or err.type
+                        yield ctx.surface.stream_error(err)
+                        break
+                    self._resp, self._lease, self.observer, splice = taken
+        finally:
+            ctx.timing.end = ctx.timing.end or time.perf_counter()
+            ctx.timing.upstream_busy = ctx.timing.end - ctx.timing.upstream_start
+            if clean:
+                self._resp.release()
+                self._lease.succeed()
+            elif not failed:  # the client went away (a failed attempt closed its response already)
+                self._resp.close()
+                self._lease.release()
+                ctx.error_type = ctx.error_type or "client_disconnected"
+            if not ctx.usage.reported:
+                self._bill_delivered()
+
+    async def _continue(self, err: GatewayError) -> Continued | None:
+        ctx = self.ctx
+        if self._migrate is None or self._journal is None:
+            return None
+        got = delivered(self._journal)
+        why = not_migratable(ctx.body, got, ctx.migrations, self._max_migrations)
+        if why is not None:
+            ctx.migration_outcomes.append(why)
+            return None
+        return await self._migrate(ctx, got)
+
+    def _bill_delivered(self) -> None:
+        # No usage arrived (the stream was cut): charge the prompt's estimate and the output relayed.
+        ctx = self.ctx
+        chunks = delivered(self._journal).chunks if self._journal is not None else self.observer.delivered
+        if chunks or ctx.upstream_called:
+            ctx.usage.prompt_tokens = ctx.estimated_input_tokens
+            ctx.usage.completion_tokens = chunks
+            ctx.usage.reported = True
+            ctx.usage_estimated = True
