@@ -113,3 +113,66 @@ def test_disabled_caching_never_hits() -> None:
     pool.cache_blocks(blocks, chain)
     pool.free_blocks(blocks)
     assert pool.find_longest_hit(chain, 2) == []
+
+
+def test_hashes_are_vllms_so_a_gateway_predicts_them() -> None:
+    from app.kvcache.hashing import block_hashes as vllm_block_hashes
+    from app.sim.kv_cache import event_hash
+
+    toks = _tokens(5 * BLOCK_SIZE + 3)
+    for salt in (None, "tenant-a"):
+        for algo in ("sha256_cbor", "sha256"):
+            ours = [event_hash(d) for d in block_hashes(toks, salt, algo=algo)]
+            assert ours == vllm_block_hashes(toks, BLOCK_SIZE, cache_salt=salt, algo=algo)
+
+
+def test_events_follow_vllms_block_pool() -> None:
+    from app.kvcache.publisher import BlockRemovedEvent, BlockStoredEvent
+    from app.sim.kv_cache import event_hash
+
+    toks = _tokens(3 * BLOCK_SIZE)
+    chain = block_hashes(toks, "s")
+    pool = BlockPool(4, record_events=True)
+    blocks = pool.allocate(3)
+    assert blocks is not None
+    pool.cache_blocks(blocks[:1], chain[:1], first=0, tokens=toks, salt="s")
+    pool.cache_blocks(blocks[1:], chain[1:], first=1, parent=chain[0], tokens=toks, salt="s")
+    first, rest = pool.take_events()
+    assert isinstance(first, BlockStoredEvent) and isinstance(rest, BlockStoredEvent)
+    assert first.extra_keys == [("s",)] and first.parent_block_hash is None and first.token_ids == toks[:BLOCK_SIZE]
+    assert rest.parent_block_hash == event_hash(chain[0]) and rest.extra_keys == [None, None]
+    assert rest.block_hashes == [event_hash(h) for h in chain[1:]] and rest.token_ids == toks[BLOCK_SIZE:]
+    assert pool.take_events() == []
+    pool.free_blocks(blocks)
+    pool.allocate(4)  # evicts all three cached blocks, one BlockRemoved each
+    removed = pool.take_events()
+    assert all(isinstance(e, BlockRemovedEvent) and e.medium == "GPU" for e in removed)
+    assert sorted(h for e in removed for h in e.block_hashes) == sorted(event_hash(h) for h in chain)
+
+
+def test_a_hash_held_by_two_blocks_survives_one_eviction_and_each_is_announced() -> None:
+    from app.kvcache.publisher import BlockRemovedEvent
+
+    (h,) = block_hashes(_tokens(BLOCK_SIZE))
+    pool = BlockPool(3, record_events=True)
+    a, b = pool.allocate(1), pool.allocate(1)
+    assert a is not None and b is not None
+    pool.cache_blocks(a, [h])
+    pool.cache_blocks(b, [h])  # computed twice before either was cached, as vLLM allows
+    pool.free_blocks(a)
+    pool.free_blocks(b)
+    pool.take_events()
+    pool.allocate(2)  # the never-used block, then a
+    assert pool.find_longest_hit([h], 1) == b
+    pool.allocate(1)
+    assert pool.find_longest_hit([h], 1) == []
+    assert [type(e) for e in pool.take_events()] == [BlockRemovedEvent, BlockRemovedEvent]
+
+
+def test_reset_announces_all_blocks_cleared() -> None:
+    from app.kvcache.publisher import AllBlocksClearedEvent
+
+    pool = BlockPool(2, record_events=True)
+    assert pool.reset()
+    assert pool.take_events() == [AllBlocksClearedEvent()]
+    assert BlockPool(2).events is None  # off unless the engine publishes
