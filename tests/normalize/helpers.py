@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from app.api.surfaces import CHAT, COMPLETIONS, EMBEDDINGS
+from app.api.surfaces import CHAT, COMPLETIONS, EMBEDDINGS, Surface
 from app.config import ModelConfig
 from app.context import NormalizeReport, Operation, Tenant
 from app.normalize import VolatilityMemory, normalize
@@ -73,9 +73,10 @@ def run(
     now: datetime = NOW,
 ) -> tuple[dict[str, Any], NormalizeReport]:
     """Call `normalize` with test defaults."""
+    surfaces: dict[str, Surface] = {"chat": CHAT, "text_completion": COMPLETIONS, "embeddings": EMBEDDINGS}
     return normalize(
         body,
-        surface={"chat": CHAT, "text_completion": COMPLETIONS, "embeddings": EMBEDDINGS}[operation],
+        surface=surfaces[operation],
         tenant=tenant(mode, rules),
         model=model(placement, inserts_date),
         memory=memory,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.api.surfaces import MESSAGES
+from app.api.surfaces import MESSAGES, RESPONSES
 from app.normalize import BLOCK_CLOSE, BLOCK_OPEN, VolatilityMemory, normalize
 from app.normalize.lines import parse_learned
 from app.normalize.memory import RELAX_AFTER_SAMES, LearnedKey
@@ -239,3 +239,37 @@ def test_learned_memory_holds_numbers_only() -> None:
     entries = list(tm._spans.items())
     assert entries and all(isinstance(k, int) and all(type(x) is int for x in v) for k, v in entries)
     assert all(-RELAX_AFTER_SAMES <= v[2] <= 2 for k, v in entries if type(k) is LearnedKey)
+
+
+def test_codex_shaped_responses_request_moves_a_learned_line_out_of_the_instructions() -> None:
+    def make(i: int) -> dict[str, Any]:
+        return {
+            "model": "m",
+            "instructions": f"turn_nonce={NONCES[i]}\n" + STATIC_SYSTEM,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "list the files"}]}],
+        }
+
+    memory = VolatilityMemory()
+    moved = []
+    for i in range(4):
+        out, report = normalize(
+            make(i), surface=RESPONSES, tenant=tenant(), model=model(), memory=memory, opt_out=False, now=NOW
+        )
+        moved.append(report.moved_total)
+    assert moved == [0, 0, 1, 1]
+    assert out["instructions"] == STATIC_SYSTEM
+    assert out["input"][0]["content"][-1] == {
+        "type": "input_text",
+        "text": BLOCK_OPEN + f"\nturn_nonce={NONCES[3]}\n" + BLOCK_CLOSE,
+    }
+
+
+def test_observe_mode_learns_learned_lines_without_touching_the_body() -> None:
+    memory = VolatilityMemory()
+    for i in range(3):
+        body = chat_body(billing(i) + "\n" + STATIC_SYSTEM)
+        out, report = run(body, memory=memory, mode="observe")
+        assert out is body
+    assert report.moved == {"learned": 1} and not report.applied
+    _, on = run(chat_body(billing(3) + "\n" + STATIC_SYSTEM), memory=memory)  # switched on: starts warm
+    assert on.moved == {"learned": 1}
