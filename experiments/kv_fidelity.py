@@ -98,7 +98,8 @@ def main() -> int:
         gw.stop()
     print(f"{'normalize':<10} {'requests':>8} {'predicted':>9} {'exact':>6} {'exact %':>8} {'cached tok':>10}  misses")
     for arm, total, predicted, agree, cached, misses in rows:
-        print(f"{arm:<10} {total:>8} {predicted:>9} {agree:>6} {100 * agree / max(total, 1):>7.1f}% {cached:>10}  {misses}")
+        share = 100 * agree / max(total, 1)
+        print(f"{arm:<10} {total:>8} {predicted:>9} {agree:>6} {share:>7.1f}% {cached:>10}  {misses}")
     return 0
 
 
