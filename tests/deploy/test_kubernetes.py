@@ -486,11 +486,9 @@ def test_gateway_drains_before_it_stops_and_rolls_without_losing_capacity() -> N
     c = container(objs, "gateway")
     sleep = c["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep[0] == "sleep" and int(sleep[1]) >= 30
-    # uvicorn's own grace after SIGTERM, as `kvgate serve` sets it.
-    found = re.search(r"timeout_graceful_shutdown=(\d+)", (ROOT / "app" / "cli.py").read_text())
-    assert found, "kvgate serve must bound uvicorn's graceful shutdown"
-    uvicorn_grace = int(found[1])
-    assert pod_spec(gw)["terminationGracePeriodSeconds"] > int(sleep[1]) + uvicorn_grace
+    # The gateway's own drain after SIGTERM (listen.drain_s bounds uvicorn's graceful shutdown).
+    drain_s = gateway_config(objs).listen.drain_s
+    assert pod_spec(gw)["terminationGracePeriodSeconds"] > int(sleep[1]) + drain_s
     assert gw["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     pdb = named(objs, "PodDisruptionBudget", "gateway")
     assert selects(pdb["spec"]["selector"], gw["spec"]["template"]["metadata"]["labels"])
