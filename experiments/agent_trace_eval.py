@@ -69,7 +69,6 @@ from normalize_eval import (  # noqa: E402
     issue_order,
     reset_prefix_caches,
     scrape,
-    wait_idle,
 )
 
 MODEL = "smollm2-135m"
@@ -564,7 +563,8 @@ async def drive(base: str, arm: Arm, sessions: list[AgentSession], args: argpars
         e.set()
     records: list[Record] = []
     tasks: list[asyncio.Task[None]] = []
-    timeout = 300.0
+    timeout = 120.0
+    failed = 0
     if arm.trace == "claude":
         ant = anthropic.AsyncAnthropic(base_url=base, api_key=arm.api_key, max_retries=0, timeout=timeout)
         close: Callable[[], Any] = ant.close
@@ -579,11 +579,13 @@ async def drive(base: str, arm: Arm, sessions: list[AgentSession], args: argpars
             await send_responses(oai, kw, args.max_tokens, args.stream, rec)
 
     async def one(s: AgentSession, rec: Record) -> None:
+        nonlocal failed
         t0 = time.perf_counter()
         try:
             await call(build_request(arm.trace, s, rec.turn, static=arm.static), rec)
             rec.ok = True
         except (anthropic.APIError, openai.APIError, httpx.HTTPError) as e:
+            failed += 1
             rec.error = f"{type(e).__name__}: {str(e)[:160]}"
         finally:
             rec.latency_s = time.perf_counter() - t0
@@ -592,6 +594,8 @@ async def drive(base: str, arm: Arm, sessions: list[AgentSession], args: argpars
 
     try:
         for si, turn in order:
+            if failed > args.max_errors:  # an upstream went away: the arm no longer measures the cache
+                break
             await done[si].wait()
             await slots.acquire()
             done[si].clear()
@@ -604,19 +608,43 @@ async def drive(base: str, arm: Arm, sessions: list[AgentSession], args: argpars
     return records
 
 
-async def _prefix_counters(http: aiohttp.ClientSession, replicas: list[str]) -> dict[str, tuple[float, float]]:
-    out = {}
+async def _prefix_counters(http: aiohttp.ClientSession, replicas: list[str]) -> dict[str, tuple[float, float] | None]:
+    """(hits, queries) of every upstream's prefix cache; None for one that does not answer (restarting)."""
+    out: dict[str, tuple[float, float] | None] = {}
     for url in replicas:
-        s = await scrape(http, url)
+        try:
+            s = await scrape(http, url)
+        except (aiohttp.ClientError, TimeoutError):
+            out[url] = None
+            continue
         out[url] = (counter_sum(s, "vllm:prefix_cache_hits_total"), counter_sum(s, "vllm:prefix_cache_queries_total"))
     return out
+
+
+async def _wait_idle(http: aiohttp.ClientSession, replicas: list[str], wait_s: float) -> bool:
+    """Wait until no reachable upstream runs or queues a request (other clients share the real servers)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        busy = 0.0
+        for url in replicas:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                s = await scrape(http, url)
+                busy += counter_sum(s, "vllm:num_requests_running") + counter_sum(s, "vllm:num_requests_waiting")
+        if busy == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(1.0)
 
 
 async def run_arm(http: aiohttp.ClientSession, base: str, replicas: list[str], arm: Arm,
                   args: argparse.Namespace) -> ArmResult:
     """Replay the arm's sessions and read the upstream prefix-cache counters around it."""
     notes = []
-    if not await wait_idle(http, replicas, wait_s=30):
+    healthy = await asyncio.to_thread(wait_upstreams, replicas, args.wait_s)
+    if len(healthy) < len(replicas):
+        notes.append(f"down at the start: {sorted(set(replicas) - set(healthy))}")
+    if not await _wait_idle(http, replicas, wait_s=30):
         notes.append("upstreams busy with other clients at the start")
     if args.reset:
         notes += await reset_prefix_caches(http, replicas)
@@ -626,7 +654,13 @@ async def run_arm(http: aiohttp.ClientSession, base: str, replicas: list[str], a
     wall = time.perf_counter() - t0
     await asyncio.sleep(0.5)  # let the engines' counters catch up with the last request
     after = await _prefix_counters(http, replicas)
-    per = {u: (after[u][0] - before[u][0], after[u][1] - before[u][1]) for u in replicas}
+    per: dict[str, tuple[float, float]] = {}
+    for u in replicas:
+        b, a = before[u], after[u]
+        if b is None or a is None or a[1] < b[1]:  # down, or restarted (its counters began again) in the window
+            notes.append(f"{u} down or restarted during the arm (its counters left out)")
+            continue
+        per[u] = (a[0] - b[0], a[1] - b[1])
     return ArmResult(arm=arm, records=records, wall_s=wall, hits=sum(h for h, _ in per.values()),
                      queries=sum(q for _, q in per.values()), per_upstream=per, notes=notes)
 
@@ -679,6 +713,19 @@ def markdown_table(trace: str, results: list[ArmResult], args: argparse.Namespac
 
 
 # -- processes -------------------------------------------------------------------------------------
+
+
+def _provenance() -> str:
+    """The checkout's commit, and whether app/normalize had uncommitted changes (the gateway runs the tree)."""
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "app/normalize")
+    return f"commit {head}" + (" with uncommitted app/normalize changes" if dirty else "")
 
 
 def wait_upstreams(replicas: list[str], wait_s: float) -> list[str]:
@@ -757,6 +804,7 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--stream", action="store_true", help="stream every request (usage from the final events)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-errors", type=int, default=2, help="stop an arm after this many failed requests")
     p.add_argument("--replicas", default=",".join(VLLM_REPLICAS))
     p.add_argument("--wait-s", type=float, default=600, help="how long to wait for every replica's /health")
     p.add_argument("--reset", action="store_true", help="POST /reset_prefix_cache to every upstream before each arm "
@@ -792,7 +840,7 @@ def main() -> int:
     for r in results:
         errors += len(r.records) - r.ok
     print(f"Run {started:%Y-%m-%d %H:%M} UTC, {(datetime.now(UTC) - started).total_seconds():.0f} s wall, "
-          f"upstreams: {', '.join(replicas)}.")
+          f"upstreams: {', '.join(replicas)}; {_provenance()}.")
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(
             [{"trace": r.arm.trace, "arm": r.arm.name, "wall_s": r.wall_s, "hits": r.hits, "queries": r.queries,
