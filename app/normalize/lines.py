@@ -70,12 +70,13 @@ def parse_line(
     """The line `text[line_start:line_end]` as a metadata line, or None if it is prose or a payload."""
     label, value_start = _split_label(text, line_start, line_end)
     value_end = line_start + len(text[line_start:line_end].rstrip(" \t\r"))
-    if not (0 < value_end - value_start <= MAX_VALUE_CHARS) or _wordy(text[value_start:value_end]):
-        return None  # prose, not a metadata value: rejected before any (costly) span regex runs
-    if label is None:
-        if SPAN_RX.match(text, value_start, value_end) is None:
-            return None  # a whole-line value starts with its span; anything else is prose
-    elif CONTENT_LABEL_RX.search(label):
+    if not 0 < value_end - value_start <= MAX_VALUE_CHARS:
+        return None
+    if label is None and SPAN_RX.match(text, value_start, value_end) is None:
+        return None  # a whole-line value starts with its span; anything else is prose (one anchored match)
+    if _wordy(text[value_start:value_end]):
+        return None  # prose, not a metadata value: rejected before the span scan runs
+    if label is not None and CONTENT_LABEL_RX.search(label):
         return None  # commit SHAs, versions, checksums: content, not request metadata
     return parse_value(text, line_start, line_end, label, value_start, value_end, allowed, now)
 
