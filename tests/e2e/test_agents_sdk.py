@@ -9,6 +9,7 @@ from typing import Any
 import openai
 import pytest
 
+from app.config import parse_config
 from app.sim.testing import running_sim
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway
 from tests.e2e.conftest import MODEL
@@ -77,12 +78,27 @@ def test_an_agent_run_with_one_tool_completes_through_the_gateway_on_a_sim(sim_g
 
 
 # -- vllm tier: the real servers -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vllm_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
+    """A gateway (keyed tenant, normalize on) in front of both real servers: the async SDK client needs a key."""
+    price = {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 140}
+    pools = {name: {"role": "interactive" if name == "fast" else "bulk", "served_model": MODEL,
+                    "replicas": [url], "price": price} for name, url in vllm_urls.items()}  # fmt: skip
+    cfg = parse_config({
+        "models": [{"name": MODEL, "pools": sorted(pools)}], "pools": pools,
+        "tenants": [{"id": "agents", "api_keys": ["sk-agents"], "normalize": "on"}], "auth": {"required": True},
+        "upstream": {"read_timeout_s": 300},
+    }, env={})  # fmt: skip
+    with running_gateway(cfg) as url:
+        yield url
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("kind", ["responses", "chat"])
-def test_an_agent_calls_its_tool_through_the_gateway_on_vllm(e2e_gateway: str, kind: str) -> None:
+def test_an_agent_calls_its_tool_through_the_gateway_on_vllm(vllm_gateway: str, kind: str) -> None:
     # tool_choice "required" makes vLLM constrain the first turn to a call of the one tool, so SmolLM2-135M
     # calls it every time; stop_on_first_tool ends the run with the tool's output.
-    client = openai.AsyncOpenAI(base_url=e2e_gateway + "/v1", api_key="unused", max_retries=0, timeout=300)
+    client = openai.AsyncOpenAI(base_url=vllm_gateway + "/v1", api_key="sk-agents", max_retries=0, timeout=300)
     calls: list[str] = []
     result = run(clock_agent(model_for(kind, client, MODEL), calls, max_tokens=256, required=True))
     assert len(calls) == 1
