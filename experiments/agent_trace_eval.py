@@ -29,7 +29,7 @@ its session's previous reply). Cached tokens come from each API's usage: Message
 reports them with `--enable-prompt-tokens-details` (scripts/vllm-cpu.sh sets it). The upstreams' own
 /metrics prefix-cache counters are read around every arm as a cross-check.
 
-    .venv/bin/python experiments/agent_trace_eval.py                       # real vLLM-CPU on :8001 and :8002
+    .venv/bin/python experiments/agent_trace_eval.py                       # real vLLM-CPU on :8001 and :8002 (~5 min)
     .venv/bin/python experiments/agent_trace_eval.py --sessions 2 --turns 3 --traces claude
     .venv/bin/python experiments/agent_trace_eval.py --sim                  # plumbing check against two sims
 """
@@ -798,8 +798,8 @@ def main() -> int:
     """CLI entry."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traces", default=",".join(TRACES), help=f"comma-separated, of {', '.join(TRACES)}")
-    p.add_argument("--sessions", type=int, default=4)
-    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--sessions", type=int, default=6)
+    p.add_argument("--turns", type=int, default=6, help="up to ~7 stays under SmolLM2's 2,048 tokens")
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--stream", action="store_true", help="stream every request (usage from the final events)")
