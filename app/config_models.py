@@ -62,6 +62,8 @@ class Listen(_Strict):
     # readiness change), then stops accepting; open requests get up to drain_s (from the signal) to finish.
     drain_s: float = Field(30.0, ge=0)
     drain_notice_s: float = Field(1.0, ge=0)
+    # Processes serving this port (SO_REUSEPORT); more than one needs a shared store (store.url).
+    workers: int = Field(1, ge=1, le=64)
 
 
 class StoreConfig(_Strict):
@@ -150,10 +152,39 @@ def _split_replicas(data: Any) -> Any:
     return {**data, "replicas": urls, "replica_events": events}
 
 
+class KubernetesSelector(_Strict):
+    """EndpointSlices that hold a pool's pods: `kubernetes.io/service-name=vllm-fast-pods`, or the pods' labels."""
+
+    # None: the namespace the gateway's own pod runs in (its service-account mount says which).
+    namespace: str | None = None
+    label_selector: str = Field(min_length=1)
+    # The engine's port: a number, or the name of the EndpointSlice port (`http`).
+    port: int | Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class DiscoveryConfig(_Strict):
+    """Where a pool's replicas come from instead of a static list: DNS A/AAAA records, or EndpointSlices."""
+
+    # host:port, e.g. a headless Service `vllm-fast-pods.kvgate.svc:8000`; every address is one replica.
+    dns: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+:\d{1,5}$")] | None = None
+    kubernetes: KubernetesSelector | None = None
+    scheme: Literal["http", "https"] = "http"
+    # How often the source is read again; None: routing.probe_interval_s.
+    interval_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DiscoveryConfig:
+        if (self.dns is None) == (self.kubernetes is None):
+            raise ValueError("give exactly one of dns or kubernetes")
+        return self
+
+
 class PoolConfig(_Strict):
     role: RouteClassName
     served_model: str = Field(min_length=1)
-    replicas: list[ReplicaUrl] = Field(min_length=1)
+    # Static replica URLs, or empty with `discovery` (the replicas are then found at run time).
+    replicas: list[ReplicaUrl] = Field(default_factory=list)
+    discovery: DiscoveryConfig | None = None
     # Filled from replicas given as objects (see _split_replicas): URL → its KV-event endpoints.
     replica_events: dict[str, ReplicaEvents] = Field(default_factory=dict)
     # An HF-like folder (tokenizer.json, tokenizer_config.json with the chat template) for exact block hashes.
@@ -181,6 +212,14 @@ class PoolConfig(_Strict):
         return _split_replicas(data)
 
     @model_validator(mode="after")
+    def _replicas_or_discovery(self) -> PoolConfig:
+        if self.discovery is None and not self.replicas:
+            raise ValueError("a pool needs replicas (a list of URLs) or discovery")
+        if self.discovery is not None and self.replicas:
+            raise ValueError("give replicas or discovery, not both")
+        return self
+
+    @model_validator(mode="after")
     def _speculative_default(self) -> PoolConfig:
         if self.speculative and "unsupported_params" not in self.model_fields_set:
             return self.model_copy(update={"unsupported_params": list(SPECULATIVE_UNSUPPORTED)})
@@ -188,12 +227,13 @@ class PoolConfig(_Strict):
 
     def effective_policy(self) -> BaseModel:
         """The policy in force: explicit; else kv_events when every replica publishes events (and a tokenizer
-        is given), prefix affinity when there is a choice, round robin for one replica."""
+        is given), prefix affinity when there is a choice (or discovery), round robin for one replica."""
         if self.policy is not None:
             return self.policy
-        if self.tokenizer is not None and all(u in self.replica_events for u in self.replicas):
+        if self.tokenizer is not None and self.replicas and all(u in self.replica_events for u in self.replicas):
             return KvEventsParams()
-        return PrefixAffinityParams() if len(self.replicas) > 1 else RoundRobinParams()
+        # A discovered pool's size changes at run time: its policy must not flip with it.
+        return PrefixAffinityParams() if len(self.replicas) > 1 or self.discovery else RoundRobinParams()
 
 
 class LimitsConfig(_Strict):
@@ -332,5 +372,23 @@ class GatewayConfig(BaseSettings):
     def model_post_init(self, context: Any, /) -> None:
         """Index models by name once: the api stage looks one up per request."""
         self._models = {m.name: m for m in self.models}
+
+    @model_validator(mode="after")
+    def _workers_share_a_store(self) -> GatewayConfig:
+        problem = workers_problem(self.listen.workers, self.store.url)
+        if problem is not None:
+            raise ValueError(f"listen.workers: {problem}")
+        return self
+
+
+def workers_problem(workers: int, store_url: str | None) -> str | None:
+    """Why `workers` processes cannot run on this store (None when they can)."""
+    if workers > 1 and store_url is None:
+        return (f"{workers} worker processes need a shared store: with the in-memory store (store.url: null) "
+                "each process would count limits and spend on its own; set store.url to a redis:// URL "
+                "or run one worker")  # fmt: skip
+    return None
+
+
 
 

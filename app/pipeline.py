@@ -26,6 +26,7 @@ from app.kvcache.tokens import ChatRenderError
 from app.limits import Limiter
 from app.normalize import VolatilityMemory, normalize, salt_for_tenant
 from app.routing.classify import classify
+from app.routing.discovery import Discoverer
 from app.routing.kv_events import KvEventsParams
 from app.routing.prefix_key import routing_key
 from app.routing.response_affinity import Holder, ResponseRoutes, response_not_found
@@ -80,6 +81,7 @@ class Gateway:
         self.kv_hub = _kv_hub(cfg)
         self.cluster = ClusterState.from_config(cfg, kv_hub=self.kv_hub)
         self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
+        self.discoverer = Discoverer.for_config(cfg, self._rediscovered)
         self.dispatcher: Dispatcher | None = None
         self.responses = ResponseRoutes(self.store, cfg.routing.response_ttl_s)
         self._salts: dict[str, str | None] = {}
@@ -94,6 +96,9 @@ class Gateway:
         self.scraper = Scraper(self.cluster, self.session, self.cfg.routing)
         await self.registry.load()
         await self.scraper.start()
+        if self.discoverer is not None:
+            self.discoverer.register_metrics(self.telemetry.meter)
+            await self.discoverer.start()
         if self.kv_hub is not None:
             register_kv_metrics(self.telemetry.meter, self.kv_hub)
             await self.kv_hub.start()
@@ -101,6 +106,8 @@ class Gateway:
 
     async def stop(self) -> None:
         """Stop background work, flush what is buffered, close the store and exporters."""
+        if self.discoverer is not None:
+            await self.discoverer.stop()
         if self.scraper is not None:
             await self.scraper.stop()
         if self.kv_hub is not None:
@@ -115,6 +122,15 @@ class Gateway:
         await self.telemetry.shutdown()
         if self.session is not None:
             await self.session.close()
+
+    def _rediscovered(self, cfg: GatewayConfig) -> None:
+        """Discovery changed a pool's replicas: survivors keep their state, new ones join after a good probe,
+        vanished ones drain (their requests finish; nothing new goes to them)."""
+        self.cluster = ClusterState.from_config(cfg, self.cluster, kv_hub=self.kv_hub, probe_before_joining=True)
+        if self.dispatcher is not None:
+            self.dispatcher.cluster = self.cluster
+        if self.scraper is not None:
+            self.scraper.track(self.cluster)
 
     def unready_models(self) -> list[str]:
         """Models with no healthy replica in any of their pools."""

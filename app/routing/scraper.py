@@ -38,7 +38,9 @@ class Scraper:
         self.cfg = cfg
         self._rng = rng or random.Random()
         self._clock = clock
-        self._tasks: list[asyncio.Task[None]] = []
+        # One polling task per replica, keyed by (pool, url); track() follows a rebuilt cluster.
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._started = False
         # Two intervals (clamped to routing.probe_timeout_min_s..max_s): a busy engine answers /health late,
         # and a late answer is not a dead engine; a probe that takes longer than that is counted as failed.
         self._timeout = aiohttp.ClientTimeout(
@@ -47,15 +49,27 @@ class Scraper:
 
     async def start(self) -> None:
         """Start one polling task per replica (idempotent)."""
-        if self._tasks:
+        if self._started:
             return
-        for replica in self.cluster.replicas():
-            task = asyncio.create_task(self._run(replica), name=f"kvgate-probe {replica.url}")
-            self._tasks.append(task)
+        self._started = True
+        self.track(self.cluster)
+
+    def track(self, cluster: ClusterState) -> None:
+        """Probe `cluster`'s replicas from now on: new ones get a task, vanished ones' tasks end."""
+        self.cluster = cluster
+        if not self._started:
+            return
+        wanted = {(r.pool, r.url): r for r in cluster.replicas()}
+        for key in [k for k in self._tasks if k not in wanted]:
+            self._tasks.pop(key).cancel()
+        for key, replica in wanted.items():
+            if key not in self._tasks:
+                self._tasks[key] = asyncio.create_task(self._run(replica), name=f"kvgate-probe {replica.url}")
 
     async def stop(self) -> None:
         """Cancel the polling tasks and wait for them to end."""
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks = list(self._tasks.values()), {}
+        self._started = False
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -261,8 +261,13 @@ class ClusterState:
         breaker: BreakerConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         kv_hub: BlockView | None = None,
+        probe_before_joining: bool = False,
     ) -> ClusterState:
-        """Build the state; `previous` lets surviving replicas keep their counts and health across a rebuild."""
+        """Build the state; `previous` lets surviving replicas keep their counts and health across a rebuild.
+
+        With `probe_before_joining`, a replica not in `previous` (a discovered one) is out of rotation until its
+        first good probe, instead of optimistically in.
+        """
         old = {(r.pool, r.url): r for r in previous.replicas()} if previous is not None else {}
         b = cfg.routing.breaker
         breaker = breaker or BreakerConfig(failures=b.failures, open_s=b.open_s, max_open_s=b.max_open_s)
@@ -274,6 +279,8 @@ class ClusterState:
                 rep = old.get((name, url))
                 if rep is None:
                     rep = ReplicaState(url, name, i, CircuitBreaker(breaker, clock))
+                    if probe_before_joining:
+                        rep.healthy = rep.in_rotation = False
                 rep.index = i
                 rep.capacity = pcfg.max_num_seqs or 0
                 replicas.append(rep)

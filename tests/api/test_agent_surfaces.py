@@ -195,3 +195,20 @@ def test_messages_normalization_moves_the_billing_nonce_to_a_trailing_block(stac
                                                     messages=[{"role": "user", "content": "Fix it."}])  # fmt: skip
     assert raw.headers["x-kvgate-normalized"].startswith("on;moved=")
     assert "moved=0" not in raw.headers["x-kvgate-normalized"]
+
+
+def test_a_billing_only_system_block_is_left_out_of_the_routing_key_and_normalization() -> None:
+    from app.api.surfaces import MESSAGES
+
+    def view(nonce: str) -> Any:
+        return MESSAGES.view({"system": [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch={nonce};"},
+            {"type": "text", "text": SYSTEM}], "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+
+    a, b = view("4f8a2"), view("91c0e")
+    assert a.key_head == b.key_head  # the nonce does not decide the replica
+    assert [s.text for s in a.head] == [SYSTEM, "hi"]
+    mixed = MESSAGES.view({"system": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;\n" + SYSTEM}],
+                           "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert mixed.head[0].text.startswith("x-anthropic-billing-header")  # moved, so vLLM keeps the rest
+    assert str(mixed.key_head).startswith(SYSTEM[:100])

@@ -151,7 +151,7 @@ async def test_stop_ends_every_task(replica: FakeReplica, session: aiohttp.Clien
     scraper = Scraper(ClusterState.from_config(cfg), session, cfg.routing)
     await scraper.start()
     await scraper.start()  # idempotent: still one task per replica
-    tasks = list(scraper._tasks)
+    tasks = list(scraper._tasks.values())
     assert len(tasks) == 2
     await wait_for(lambda: replica.health_calls >= 4)
     await scraper.stop()

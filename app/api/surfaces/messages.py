@@ -40,6 +40,17 @@ def anthropic_error(status: int, message: str) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
 
 
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _after_billing_line(text: str) -> str | None:
+    """The text after Claude Code's per-request billing line when a system block starts with it, else None."""
+    if not text.startswith(BILLING_HEADER):
+        return None
+    _, _, rest = text.partition("\n")
+    return rest.strip()
+
+
 def capture_messages_usage(usage: Mapping[str, Any] | None, into: Usage) -> None:
     """Anthropic usage: input_tokens excludes cache reads and writes, so the prompt is their sum."""
     if not usage:
@@ -160,9 +171,19 @@ class MessagesSurface:
         chars = 0
         if isinstance(system, str):
             head.append(TextSlot(("system",), system, -1, -1))
+            key.add(system)
         elif isinstance(system, list):
-            head.extend(text_slots(-1, system, ("system",)))
-        key.add(text_of(system))
+            for slot in text_slots(-1, system, ("system",)):
+                rest = _after_billing_line(slot.text)
+                if rest is None:
+                    head.append(slot)
+                    key.add(slot.text)
+                elif rest:
+                    # vLLM drops a block that starts with the billing line, whatever follows it: moving the
+                    # line out keeps the rest of the block in the prompt.
+                    head.append(slot)
+                    key.add(rest)
+                # A block that is only the billing line: vLLM drops it; routing and normalize leave it alone.
         chars += content_chars(system)
         tools = body.get("tools")
         tool_chars = len(orjson.dumps(tools)) if tools else 0
