@@ -3,18 +3,22 @@
 # checkout so their dependency trees never touch the project's own venv:
 #   litellm   LiteLLM proxy (experiments/peers.py runs it as a third proxy)
 #   guidellm  vLLM's GuideLLM (experiments/guidellm_crosscheck.py cross-checks `kvgate bench`)
+#   vllm-router   vLLM's Rust router (experiments/kv_routing_eval.py: its cache_aware policy)
+#   sglang-router SGLang's Rust router (experiments/kv_routing_eval.py: its cache_aware policy)
 # Every subcommand is idempotent: a marker records the pinned versions, so a
 # bumped pin rebuilds and an unchanged one returns at once.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/peer-venvs.sh <litellm|guidellm|all|path NAME>
+usage: scripts/peer-venvs.sh <litellm|guidellm|vllm-router|sglang-router|all|path NAME>
 
   litellm   create $KVGATE_CACHE/litellm-venv with the pinned litellm[proxy]
   guidellm  create $KVGATE_CACHE/guidellm-venv with CPU torch + pinned guidellm
-  all       both
-  path NAME print the venv folder of NAME (litellm|guidellm)
+  vllm-router    create $KVGATE_CACHE/vllm-router-venv with the pinned vllm-router (binary wheel)
+  sglang-router  create $KVGATE_CACHE/sglang-router-venv with the pinned sglang-router (binary wheel)
+  all       all four
+  path NAME print the venv folder of NAME (litellm|guidellm|vllm-router|sglang-router)
 
 environment:
   KVGATE_CACHE   cache root (default: $HOME/.cache/kvgate)
@@ -32,6 +36,9 @@ LITELLM_SPEC="litellm[proxy]==1.106.12"
 # guidellm install could pick a much larger CUDA build.
 TORCH_SPEC="torch==2.13.0"
 GUIDELLM_SPEC="guidellm==0.8.1"
+# The Rust routers ship abi3 manylinux wheels: nothing is compiled here.
+VLLM_ROUTER_SPEC="vllm-router==0.1.17"
+SGLANG_ROUTER_SPEC="sglang-router==0.3.2"
 
 log() { printf '[peer-venvs] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -71,12 +78,29 @@ cmd_guidellm() {
     "$TORCH_SPEC" "$GUIDELLM_SPEC"
 }
 
+cmd_vllm_router() {
+  PIP_ONLY_BINARY=:all: make_venv vllm-router "$VLLM_ROUTER_SPEC v1" \
+    'import importlib.metadata as m; print("vllm-router", m.version("vllm-router"))' \
+    "$VLLM_ROUTER_SPEC"
+}
+
+cmd_sglang_router() {
+  PIP_ONLY_BINARY=:all: make_venv sglang-router "$SGLANG_ROUTER_SPEC v1" \
+    'import importlib.metadata as m; print("sglang-router", m.version("sglang-router"))' \
+    "$SGLANG_ROUTER_SPEC"
+}
+
 case "${1:-}" in
   litellm) cmd_litellm ;;
   guidellm) cmd_guidellm ;;
-  all) cmd_litellm; cmd_guidellm ;;
+  vllm-router) cmd_vllm_router ;;
+  sglang-router) cmd_sglang_router ;;
+  all) cmd_litellm; cmd_guidellm; cmd_vllm_router; cmd_sglang_router ;;
   path)
-    [[ "${2:-}" == litellm || "${2:-}" == guidellm ]] || die "path needs litellm or guidellm"
+    case "${2:-}" in
+      litellm | guidellm | vllm-router | sglang-router) ;;
+      *) die "path needs litellm, guidellm, vllm-router or sglang-router" ;;
+    esac
     printf '%s\n' "$CACHE/$2-venv" ;;
   -h | --help | help) usage ;;
   *) usage; exit 2 ;;
