@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.admission.config import AdmissionConfig
 from app.routing.kv_events import KvEventsParams
 from app.routing.prefix_affinity import PrefixAffinityParams
 from app.routing.registry import PolicySpec, policy_object
@@ -203,6 +204,8 @@ class PoolConfig(_Strict):
     unsupported_params: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
         default_factory=list
     )
+    # The fair admission queue in front of this pool (app/admission): engages only while the pool is saturated.
+    admission: AdmissionConfig = AdmissionConfig()
 
     _policy_object = field_validator("policy", mode="before")(classmethod(lambda cls, v: policy_object(v)))
 
@@ -388,7 +391,5 @@ def workers_problem(workers: int, store_url: str | None) -> str | None:
                 "each process would count limits and spend on its own; set store.url to a redis:// URL "
                 "or run one worker")  # fmt: skip
     return None
-
-
 
 

@@ -9,6 +9,7 @@ from app.prompt import PromptView
 from app.store.base import LimitReason, LimitSpec
 
 if TYPE_CHECKING:
+    from app.admission.queue import Ticket
     from app.api.surfaces.base import Surface
     from app.kvcache.tokens import PromptBlocks
     from app.routing.state import ReplicaState
@@ -170,6 +171,8 @@ class RequestContext:
     usage_estimated: bool = False
     # Whether an upstream call was made at all (telemetry tells rejections from upstream failures).
     upstream_called: bool = False
+    # The pool's admission slot (app/admission), held from admission until settle releases it once.
+    queue_ticket: Ticket | None = None
 
     @property
     def operation(self) -> Operation:

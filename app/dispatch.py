@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from app.admission.step import fair_priority
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
 from app.errors import FailureKind, GatewayError, bad_request
@@ -112,6 +113,7 @@ class Dispatcher:
             except GatewayError as err:
                 raise (last or err) from None
             ctx.route = route
+            route.priority = fair_priority(route.priority, ctx.queue_ticket)
             served = self.cfg.pools[route.pool].served_model
             payload = self._payload(ctx, served, route)
             headers = forward_headers(ctx.request_id)

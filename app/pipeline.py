@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from app.admission import AdmissionRejected
+from app.admission.step import build_queues, predicted_tokens, queue_error, route_suffix
 from app.api.surfaces import CHAT, RESPONSES
-from app.config import GatewayConfig
+from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, Tenant
 from app.dispatch import Complete, Dispatcher, StreamRelay
 from app.errors import GatewayError
@@ -31,13 +33,15 @@ from app.routing.kv_events import KvEventsParams
 from app.routing.prefix_key import routing_key
 from app.routing.response_affinity import Holder, ResponseRoutes, response_not_found
 from app.routing.scraper import Scraper
-from app.routing.state import ClusterState
+from app.routing.spill import cached_home_and_other
+from app.routing.state import ClusterState, ReplicaState
 from app.settle import Settler
 from app.store.base import Store
 from app.store.factory import create_store
 from app.telemetry import Telemetry
 from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, response_headers, sse_trailer
 from app.telemetry.kv_metrics import register_kv_metrics
+from app.telemetry.queue_metrics import register_queue_metrics
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
 
@@ -83,6 +87,8 @@ class Gateway:
         self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
         self.discoverer = Discoverer.for_config(cfg, self._rediscovered)
         self.dispatcher: Dispatcher | None = None
+        # Fair admission per pool that enables it (pools.<p>.admission); fed by the scraper's rounds.
+        self.queues = build_queues({name: pool.admission for name, pool in cfg.pools.items()})
         self.responses = ResponseRoutes(self.store, cfg.routing.response_ttl_s)
         self._salts: dict[str, str | None] = {}
         self._background: list[asyncio.Task[Any]] = []
@@ -93,7 +99,9 @@ class Gateway:
         self.dispatcher = Dispatcher(
             self.cfg, self.cluster, AiohttpTransport(self.session), on_attempt=self.telemetry.upstream_started
         )
-        self.scraper = Scraper(self.cluster, self.session, self.cfg.routing)
+        self.scraper = Scraper(
+            self.cluster, self.session, self.cfg.routing, on_scrape=self._on_scrape if self.queues else None
+        )
         await self.registry.load()
         await self.scraper.start()
         if self.discoverer is not None:
@@ -102,6 +110,8 @@ class Gateway:
         if self.kv_hub is not None:
             register_kv_metrics(self.telemetry.meter, self.kv_hub)
             await self.kv_hub.start()
+        if self.queues:
+            register_queue_metrics(self.telemetry.meter, self.queues)
         self._background.append(asyncio.create_task(self.limiter.ledger.run(), name="kvgate-spend-flush"))
 
     async def stop(self) -> None:
@@ -197,6 +207,9 @@ class Gateway:
             if holder is None:
                 raise response_not_found(previous)
             ctx.pinned = (holder.pool, holder.replica)
+        # admission: the pool's fair queue (only where enabled; waits only while that pool is saturated)
+        if self.queues:
+            await self._admit(ctx, model, tenant)
         key = routing_key(ctx.prompt.key_head, ctx.cache_salt or tenant.id)
         hasher = self._hashers.get(model.name) if ctx.surface is CHAT else None
         if hasher is not None:
@@ -208,6 +221,39 @@ class Gateway:
         if isinstance(outcome, StreamRelay):
             return self._stream_reply(ctx, outcome)
         return await self._complete_reply(ctx, outcome)
+
+    async def _admit(self, ctx: RequestContext, model: ModelConfig, tenant: Tenant) -> None:
+        """Hold a slot of the request's pool on the context (settle releases it), or raise the queue's 429;
+        with on_exceed degrade, a refused interactive request is served as bulk (its pool, its queue)."""
+        assert ctx.route_class is not None
+        while True:
+            rclass = ctx.route_class.route_class
+            if ctx.pinned is not None:
+                pool = ctx.pinned[0]
+            else:
+                pool = cached_home_and_other(model, rclass, self.cluster)[0].name
+            queue = self.queues.get(pool)
+            if queue is None:
+                return
+            try:
+                ctx.queue_ticket = ticket = await queue.acquire(tenant.id, rclass, predicted_tokens(ctx))
+            except AdmissionRejected as err:
+                degrade = queue.cfg.on_exceed == "degrade" and rclass == "interactive" and ctx.pinned is None
+                self.telemetry.record_limited(ctx, "queue", "degrade" if degrade else "reject")
+                if not degrade:
+                    raise queue_error(err, tenant.id) from None
+                ctx.limit_notes.append("degraded:queue")
+                ctx.route_class = classify(ctx.body, ctx.headers, tenant, self.cfg.routing, degraded=True)
+                continue
+            self.telemetry.record_queue_wait(pool, tenant.id, rclass, ticket.waited_s)
+            return
+
+    def _on_scrape(self, replica: ReplicaState) -> None:
+        """After a replica's probe: its pool's queue re-assesses saturation (and may release waiters)."""
+        queue = self.queues.get(replica.pool)
+        pool = self.cluster.pools.get(replica.pool)
+        if queue is not None and pool is not None:
+            queue.on_state_change(pool.candidates())
 
     def _salt(self, tenant: Tenant) -> str | None:
         # An HMAC per request is measurable; a tenant's salt never changes while the config lives.
@@ -228,6 +274,7 @@ class Gateway:
                 headers[ROUTE] += f";cached={r.cached_tokens}"
             if r.runner_up is not None:
                 headers[ROUTE] += f";runner_up={r.runner_up}"
+            headers[ROUTE] += route_suffix(ctx.queue_ticket)
         if ctx.normalize_report is not None:
             headers[NORMALIZED] = ctx.normalize_report.header()
         if ctx.limit_notes:

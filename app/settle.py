@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+from app.admission.step import settle_ticket
 from app.config import GatewayConfig
 from app.context import RequestContext
 from app.cost import TokenPrices, pool_prices, reference_prices, request_cost, request_savings
@@ -52,6 +53,11 @@ class Settler:
             return
         ctx.settled = True
         ctx.timing.end = ctx.timing.end or time.perf_counter()
+        # First: the admission slot goes to the next waiter whatever else fails below.
+        try:
+            settle_ticket(ctx)
+        except Exception:  # the queue's bookkeeping must not break the response
+            _log.exception("settle: admission release failed")
         self._price(ctx)
         if ctx.admission is not None:
             try:

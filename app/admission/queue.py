@@ -67,26 +67,41 @@ class WaitStats:
 class Ticket:
     """A started request's slot: settle() with the actual cost, release() (or leave `async with`) when done."""
 
-    __slots__ = ("_queue", "_released", "_settled", "predicted_tokens", "queued", "route_class", "tenant",
-                 "waited_s")  # fmt: skip
+    __slots__ = ("_correction", "_queue", "_released", "_settled", "over_share", "predicted_tokens", "queued",
+                 "route_class", "tenant", "waited_s")  # fmt: skip
 
     def __init__(self, queue: AdmissionQueue, tenant: str, route_class: RouteClass, predicted_tokens: int,
-                 waited_s: float, queued: bool) -> None:  # fmt: skip
+                 waited_s: float, queued: bool, over_share: bool = False) -> None:  # fmt: skip
         self._queue = queue
         self.tenant = tenant
         self.route_class = route_class
         self.predicted_tokens = predicted_tokens
         self.waited_s = waited_s  # 0 on the fast path: what the span and x-kvgate-route report
         self.queued = queued
+        # Started while the pool was capped and its tenant already held its weighted share of the slots: an
+        # engine scheduling by priority should run it after those of tenants under their share.
+        self.over_share = over_share
         self._settled = False
+        self._correction = 0
         self._released = False
+
+    @property
+    def pool(self) -> str:
+        """The pool whose slot this is."""
+        return self._queue.pool
+
+    @property
+    def charged_tokens(self) -> int:
+        """What the tenant's fair share is charged: the prediction, or the actual cost once settled."""
+        return self.predicted_tokens + self._correction
 
     def settle(self, actual_tokens: int) -> None:
         """Correct the tenant's charge with what the request really cost (uncached prompt + output); once."""
         if self._settled:
             return
         self._settled = True
-        self._queue._correct(self.tenant, actual_tokens - self.predicted_tokens)
+        self._correction = actual_tokens - self.predicted_tokens
+        self._queue._correct(self.tenant, self._correction)
 
     def release(self, actual_tokens: int | None = None) -> None:
         """Free the slot (idempotent), settling first when the actual cost is given; the next waiter may start."""
@@ -261,11 +276,13 @@ class AdmissionQueue:
         return self.tenant_in_flight.get(tenant, 0) * total_w < limit * sched.weight(tenant)
 
     def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool) -> Ticket:
+        # Only while capped (saturated): the fast path below saturation pays nothing for it.
+        over = self.limit is not None and not self._under_share(tenant, self.limit)
         self.in_flight += 1
         self.in_flight_tokens += tokens
         self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
         self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + tokens
-        return Ticket(self, tenant, route_class, tokens, waited_s, queued)
+        return Ticket(self, tenant, route_class, tokens, waited_s, queued, over)
 
     def _release(self, ticket: Ticket) -> None:
         self.in_flight -= 1

@@ -32,8 +32,11 @@ class Scraper:
         *,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_scrape: Callable[[ReplicaState], None] | None = None,
     ) -> None:
         self.cluster = cluster
+        # Called after each probe of a replica (healthy or not): state that depends on fresh load follows it.
+        self._on_scrape = on_scrape
         self.session = session
         self.cfg = cfg
         self._rng = rng or random.Random()
@@ -94,6 +97,8 @@ class Scraper:
         while True:
             try:
                 await self.probe_once(replica)
+                if self._on_scrape is not None:
+                    self._on_scrape(replica)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a probe bug must not kill the task: health would freeze as it was

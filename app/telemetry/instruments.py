@@ -20,6 +20,9 @@ OVERHEAD_BUCKETS = (
     0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip
 
+# Admission waits: none below saturation, up to a bulk deadline (30 s by default) when saturated.
+QUEUE_WAIT_BUCKETS = (0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
 _GENAI = ("gen_ai.operation.name", "gen_ai.request.model")
 
 TENANT_COST = MetricSpec(
@@ -60,6 +63,15 @@ OVERHEAD = MetricSpec(
     "gateway.overhead", "s", "Gateway time per request excluding upstream time", ("pool", "stream"),
     OVERHEAD_BUCKETS,
 )  # fmt: skip
+QUEUE_WAIT = MetricSpec(
+    "gateway.queue.wait", "s", "Time a request waited in its pool's admission queue (0: started at once)",
+    ("pool", "tenant", "class"), QUEUE_WAIT_BUCKETS,
+)  # fmt: skip
+QUEUE_TOKENS = MetricSpec(
+    "gateway.queue.tokens", "{token}",
+    "Tokens (uncached prompt + output) of requests admitted through a pool's admission queue, by tenant: "
+    "the currency of its fair share", ("pool", "tenant"),
+)  # fmt: skip
 TOKEN_USAGE = MetricSpec(
     "gen_ai.client.token.usage", "{token}", "Tokens per upstream call",
     ("gen_ai.token.type", *_GENAI, "gen_ai.provider.name", "kvgate.pool", "kvgate.tenant"), TOKEN_BUCKETS,
@@ -77,10 +89,13 @@ TIME_PER_OUTPUT_TOKEN = MetricSpec(
     (*_GENAI, "kvgate.pool", "kvgate.class"), TPOT_BUCKETS,
 )  # fmt: skip
 
+# Only seen with an admission queue enabled on some pool (pools.<p>.admission).
+QUEUE_METRICS = (QUEUE_WAIT, QUEUE_TOKENS)
+
 ALL_METRICS = (
     TENANT_COST, TENANT_SAVINGS, POOL_IDLE_COST, POOL_GPU_COST, TENANT_TOKENS, REQUESTS, RATE_LIMITED,
-    ROUTE_DECISIONS, NORMALIZE_MOVED, MIGRATIONS, OVERHEAD, TOKEN_USAGE, OPERATION_DURATION, TIME_TO_FIRST_TOKEN,
-    TIME_PER_OUTPUT_TOKEN,
+    ROUTE_DECISIONS, NORMALIZE_MOVED, MIGRATIONS, OVERHEAD, QUEUE_WAIT, QUEUE_TOKENS, TOKEN_USAGE, OPERATION_DURATION,
+    TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN,
 )  # fmt: skip
 
 # The Prometheus family name of each metric (histograms expose _bucket/_sum/_count under it).
@@ -96,6 +111,8 @@ PROMETHEUS_NAMES = {
     NORMALIZE_MOVED.name: "gateway_normalize_moved_spans_total",
     MIGRATIONS.name: "gateway_stream_migrations_total",
     OVERHEAD.name: "gateway_overhead_seconds",
+    QUEUE_WAIT.name: "gateway_queue_wait_seconds",
+    QUEUE_TOKENS.name: "gateway_queue_tokens_total",
     TOKEN_USAGE.name: "gen_ai_client_token_usage",
     OPERATION_DURATION.name: "gen_ai_client_operation_duration_seconds",
     TIME_TO_FIRST_TOKEN.name: "gen_ai_server_time_to_first_token_seconds",
@@ -116,6 +133,8 @@ class Instruments:
         self.normalize_moved = store.counter(NORMALIZE_MOVED)
         self.migrations = store.counter(MIGRATIONS)
         self.overhead = store.histogram(OVERHEAD)
+        self.queue_wait = store.histogram(QUEUE_WAIT)
+        self.queue_tokens = store.counter(QUEUE_TOKENS)
         self.token_usage = store.histogram(TOKEN_USAGE)
         self.operation_duration = store.histogram(OPERATION_DURATION)
         self.time_to_first_token = store.histogram(TIME_TO_FIRST_TOKEN)

@@ -83,6 +83,8 @@ class Telemetry:
         # The Prometheus reader queues one snapshot per collect and renders all queued ones: two scrapes at
         # once could each render the other's snapshot too (duplicate samples) — serialize them.
         self._render_lock = threading.Lock()
+        # With `serve --workers N`: merges the other workers' expositions into this one (app/telemetry/workers.py).
+        self.gather: Callable[[bytes], bytes] | None = None
         self._closed = False
 
     @property
@@ -192,6 +194,14 @@ class Telemetry:
         except Exception:
             _log.warning("telemetry: record_limited failed", exc_info=True)
 
+    def record_queue_wait(self, pool: str, tenant: str, route_class: str, seconds: float) -> None:
+        """An admitted request's wait in `pool`'s admission queue (0 when it started at once)."""
+        try:
+            with self._store.lock:
+                self._inst.queue_wait.record((pool, tenant, route_class), seconds)
+        except Exception:
+            _log.warning("telemetry: record_queue_wait failed", exc_info=True)
+
     # ---- exposition and lifecycle ------------------------------------------------------------------
 
     def render_prometheus(self) -> tuple[bytes, str]:
@@ -200,6 +210,11 @@ class Telemetry:
         Takes milliseconds with many series (prometheus_client formats line by line): call it from a worker
         thread (`await asyncio.to_thread(...)`) rather than on the event loop; it is thread-safe.
         """
+        body, content_type = self.render_own()
+        return (body if self.gather is None else self.gather(body)), content_type
+
+    def render_own(self) -> tuple[bytes, str]:
+        """This process's metrics only (what a worker hands the one answering /metrics)."""
         with self._render_lock:
             return render(self._providers.prometheus_registry)
 
@@ -266,6 +281,10 @@ class Telemetry:
                         inst.normalize_moved.add((rule, tenant), n)
             for outcome in ctx.migration_outcomes:
                 inst.migrations.add((pool, outcome), 1)
+            ticket = ctx.queue_ticket
+            if ticket is not None:
+                # What the fair share was charged in the end (settle corrected the prediction first).
+                inst.queue_tokens.add((ticket.pool, tenant), ticket.charged_tokens)
             if route is not None and pool is not None:
                 inst.route_decisions.add((pool, rclass, route.policy, route.reason), 1)
                 uncached, cached, output = usage.uncached_tokens, usage.cached_tokens, usage.completion_tokens

@@ -55,6 +55,7 @@ KV_ROUTE_PRIORITY = "kvgate.route.priority"
 KV_COST = "kvgate.cost_usd"
 KV_SAVINGS = "kvgate.savings_usd"
 KV_OVERHEAD_MS = "kvgate.overhead_ms"
+KV_QUEUE_WAIT_MS = "kvgate.queue.wait_ms"
 KV_REQUEST_ID = "kvgate.request_id"
 KV_API = "kvgate.api"
 KV_MIGRATIONS = "kvgate.stream.migrations"
@@ -152,6 +153,9 @@ def gateway_attributes(ctx: RequestContext) -> dict[str, Any]:
             attrs[KV_ROUTE_PRIORITY] = route.priority
         if route.attempt > 1:
             attrs[KV_ROUTE_ATTEMPT] = route.attempt
+    ticket = ctx.queue_ticket
+    if ticket is not None:
+        attrs[KV_QUEUE_WAIT_MS] = ticket.waited_s * 1000.0
     if ctx.route_class is not None:
         attrs[KV_CLASS] = ctx.route_class.route_class
         attrs[KV_CLASS_REASON] = ctx.route_class.reason

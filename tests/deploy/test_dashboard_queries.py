@@ -78,6 +78,7 @@ def _gateway_config(fast: int, bulk: int, port: int, otlp: str, store: dict[str,
                 # Unattainable TTFT SLO: once bulk has a TTFT estimate it counts as saturated, so bulk
                 # requests borrow the idle fast pool and the spill-over panel has something to show.
                 "ttft_slo_ms": 0.001,
+                "admission": {"enabled": True},  # the queue panels need its metrics (fast path here)
                 "price": {**price, "capacity_tokens_per_s": 6000},
             },
         },
