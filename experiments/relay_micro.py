@@ -6,7 +6,8 @@ the usage-only chunk and `data: [DONE]`, with the model name rewritten (served !
 stream (`"model": "x"`, as other engines and proxies may write) is timed for the new observer only: the
 baseline gets it wrong (leaks the served name, shows the usage chunk), so its time would mean nothing.
 The table gives median and best ns per observed event over `--runs` runs (each run a batch of `--streams`
-streams, variants interleaved so load drift hits them alike, gc paused while timing), and both against the
+streams, CPU time of the thread so other processes on a shared machine count less, variants interleaved
+so load drift hits them alike, gc paused while timing), and both against the
 baseline on the same stream (the best of the runs is the steadier figure on a shared machine).
 
     .venv/bin/python experiments/relay_micro.py [--streams 2000] [--tokens 64] [--runs 7]
@@ -114,12 +115,12 @@ def run_batch(make: Observer, events: list[bytes], public: str, streams: int) ->
     contexts = [context(public) for _ in range(streams)]
     gc.disable()
     try:
-        t0 = time.perf_counter_ns()
+        t0 = time.thread_time_ns()
         for ctx in contexts:
             observe = make(ctx, SERVED).observe
             for ev in events:
                 observe(ev)
-        elapsed = time.perf_counter_ns() - t0
+        elapsed = time.thread_time_ns() - t0
     finally:
         gc.enable()
     return elapsed / (streams * len(events))

@@ -17,15 +17,15 @@ from app.api.surfaces.base import (
     stream_flag,
     usage_count,
 )
-from app.api.surfaces.sse import ModelRewrite, event_parts, only_null
+from app.api.surfaces.sse import ModelRewrite, event_parts
 from app.context import RequestContext, Usage
 from app.errors import GatewayError, bad_request, error_body
 
-_DONE = b"data: [DONE]"
 _COMPACT_DATA = b"data: {"
 _BARE_DATA = b"data:{"
 _USAGE, _USAGE_NULL = b'"usage"', b'"usage":null'
 _FINISH, _FINISH_NULL = b'"finish_reason"', b'"finish_reason":null'
+_FINISH_NULL_LEN = len(_FINISH_NULL)
 
 
 def capture_usage(usage_obj: Mapping[str, Any] | None, into: Usage) -> None:
@@ -70,12 +70,15 @@ def plain_token_chunk(event: bytes) -> bool:
     """A mid-stream token chunk carries nothing to account for: no usage, finish reason or error.
 
     Checked on the bytes so most chunks are relayed without being parsed: vLLM's compact `"finish_reason":null`
-    (and `"usage":null`) pass; any other spelling of those keys, or any `"error"` key, means parse.
+    (and `"usage":null`) pass; any other spelling or value of those keys (or a second finish_reason, n > 1),
+    or any `"error"` key, means parse.
+    A key name inside a string value can only send a chunk to the parser, never past it.
     """
+    i = event.find(_FINISH)
     return (
-        b'"error"' not in event
-        and only_null(event, _FINISH, _FINISH_NULL)
-        and only_null(event, _USAGE, _USAGE_NULL)
+        (i < 0 or (event.startswith(_FINISH_NULL, i) and event.find(_FINISH, i + _FINISH_NULL_LEN) < 0))
+        and b'"error"' not in event
+        and (_USAGE not in event or event.count(_USAGE) == event.count(_USAGE_NULL))
     )
 
 
@@ -87,36 +90,48 @@ class ChunkObserver:
     line, a finish, usage or error chunk) is parsed, so detection does not depend on formatting.
     """
 
-    __slots__ = ("_ctx", "_model", "delivered", "done")
+    __slots__ = ("_ctx", "_model", "_public_marker", "_served_marker", "delivered", "done")
 
     def __init__(self, ctx: RequestContext, served: str) -> None:
         self._ctx = ctx
         self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
+        # The fast path's markers, held here: attribute reads per chunk instead of a call.
+        self._served_marker = self._model.served_marker if self._model is not None else b""
+        self._public_marker = self._model.public_marker if self._model is not None else b""
         self.done = False
         self.delivered = 0
 
     def observe(self, event: bytes) -> bytes | None:
         """Account for one SSE event; return the bytes to forward, or None to drop it."""
-        if event.startswith(_DONE):
-            self.done = True
-            return None  # sent by ending(), after the trailer
         if (
             (event.startswith(_COMPACT_DATA) or event.startswith(_BARE_DATA))
             and self._ctx.timing.first_token
-            and plain_token_chunk(event)
-        ):
+            # plain_token_chunk(), inlined: this runs for every token
+            and ((i := event.find(_FINISH)) < 0
+                 or (event.startswith(_FINISH_NULL, i) and event.find(_FINISH, i + _FINISH_NULL_LEN) < 0))
+            and b'"error"' not in event
+            and (_USAGE not in event or event.count(_USAGE) == event.count(_USAGE_NULL))
+        ):  # fmt: skip
             self.delivered += 1
-            return self._model.apply(event) if self._model is not None else event
+            if self._model is None:
+                return event
+            out = event.replace(self._served_marker, self._public_marker)
+            # bytes.replace returns the same object when nothing matched: only then try other spellings.
+            return out if out is not event else self._model.spaced(event)
         return self._parsed(event)
 
     def _parsed(self, event: bytes) -> bytes | None:
         ctx = self._ctx
-        _, data = event_parts(event)
-        if not data:
-            return event  # a comment, or id:/retry: lines alone
-        if data == b"[DONE]":
+        # One `data:` line first (as every engine writes chunks): orjson skips the whitespace around it.
+        if event.startswith(b"data:") and b"\ndata:" not in event:
+            data = event[5:]
+        else:
+            _, data = event_parts(event)
+        if b"[DONE]" in data and data.strip() == b"[DONE]":
             self.done = True
-            return None
+            return None  # sent by ending(), after the trailer
+        if not data.strip():
+            return event  # a comment, or id:/retry: lines alone
         try:
             doc = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -128,7 +143,7 @@ class ChunkObserver:
             ctx.response_id = rid if isinstance(rid, str) else None
         usage = doc.get("usage")
         choices = doc.get("choices")
-        if isinstance(usage, Mapping) and usage:
+        if usage and isinstance(usage, dict):
             capture_usage(usage, ctx.usage)
         if note_choices(ctx, choices):
             self.delivered += 1

@@ -41,40 +41,34 @@ def json_string(value: str) -> bytes:
 class ModelRewrite:
     """Puts the public model name where an upstream wrote the served one, in any JSON spacing.
 
-    vLLM writes compact JSON: the compact marker is replaced without parsing. Only when the served name is
-    still there as a JSON string afterwards (spaced JSON, `"model" : "x"`) does a whitespace-tolerant
-    pattern run; the bytes around it are kept as they came.
+    vLLM writes compact JSON: the compact member is replaced without parsing, and an event that has it is
+    taken as compact throughout. Only an event without it that still names the served model as a JSON string
+    (spaced JSON, `"model" : "x"`) goes through a whitespace-tolerant pattern; the bytes around are kept.
     """
 
-    __slots__ = ("_public_marker", "_public_value", "_served_marker", "_served_quoted", "_spaced")
+    __slots__ = ("_spaced", "public_marker", "public_value", "served_marker", "served_quoted")
 
     def __init__(self, served: str, public: str) -> None:
-        self._served_quoted = json_string(served)
-        self._public_value = json_string(public)
-        self._served_marker, self._public_marker = b'"model":' + self._served_quoted, b'"model":' + self._public_value
-        self._spaced = re.compile(rb'"model"[ \t\r\n]*:[ \t\r\n]*' + re.escape(self._served_quoted))
+        self.served_quoted = json_string(served)
+        self.public_value = json_string(public)
+        self.served_marker, self.public_marker = b'"model":' + self.served_quoted, b'"model":' + self.public_value
+        self._spaced: re.Pattern[bytes] | None = None  # compiled on first use: most streams never need it
 
     def apply(self, data: bytes) -> bytes:
         """`data` with every `"model": <served>` member naming the public model instead."""
-        out = data.replace(self._served_marker, self._public_marker)
-        if self._served_quoted in out:
-            out = self._spaced.sub(lambda _m: b'"model":' + self._public_value, out)
-        return out
+        out = data.replace(self.served_marker, self.public_marker)
+        # bytes.replace returns its own object when nothing matched: only then look for other spellings.
+        return out if out is not data else self.spaced(data)
+
+    def spaced(self, data: bytes) -> bytes:
+        """The whitespace-tolerant rewrite, for an event with no compact `"model":<served>` member."""
+        if self.served_quoted not in data:
+            return data
+        if self._spaced is None:
+            self._spaced = re.compile(rb'"model"[ \t\r\n]*:[ \t\r\n]*' + re.escape(self.served_quoted))
+        return self._spaced.sub(lambda _m: b'"model":' + self.public_value, data)
 
 
 def model_markers(served: str, public: str) -> tuple[bytes, bytes]:
     """The byte patterns of the served and the public model name, as compact JSON writes them."""
     return b'"model":' + json_string(served), b'"model":' + json_string(public)
-
-
-def only_null(data: bytes, key: bytes, null_marker: bytes) -> bool:
-    """True when every occurrence of the JSON key `key` (quoted) is the compact `key:null` (or there is none).
-
-    A False is only a reason to parse: a key name inside a string value can match too, never be missed.
-    """
-    i = data.find(key)
-    while i >= 0:
-        if not data.startswith(null_marker, i):
-            return False
-        i = data.find(key, i + len(null_marker))
-    return True
