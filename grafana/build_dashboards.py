@@ -599,8 +599,8 @@ COST = Dashboard(
                         ),
                     ),
                     unit="reqps",
-                    description="Requests over a limit (rpm, tpm, concurrent, budget), rejected with 429 or "
-                    "degraded to bulk with capped max_tokens.",
+                    description="Requests over a limit (rpm, tpm, concurrent, budget; queue: the pool's "
+                    "admission queue), rejected with 429 or degraded to bulk.",
                 ),
                 Panel(
                     "Volatile spans moved by rule",
@@ -609,6 +609,41 @@ COST = Dashboard(
                     unit="short",
                     description="Prompt normalization: volatile spans (timestamps, ids …) moved out of the "
                     "cacheable prefix, per second, by rule.",
+                ),
+                Panel(
+                    "Admission queue wait by pool",
+                    "timeseries",
+                    p50_p99("gateway_queue_wait_seconds_bucket", TP, "pool"),
+                    unit="s",
+                    width=8,
+                    description="Time requests waited in their pool's fair admission queue before starting "
+                    "(0 below saturation: the queue only engages when every replica is saturated).",
+                ),
+                Panel(
+                    "Requests waiting by tenant",
+                    "timeseries",
+                    # Little's law: seconds waited per second = mean number of requests waiting.
+                    (Target(f"sum by (tenant) (rate(gateway_queue_wait_seconds_sum{{{TP}}}[{RI}]))", "{{tenant}}"),),
+                    unit="short",
+                    width=8,
+                    stack=True,
+                    description="Mean admission-queue length per tenant over the interval (wait seconds per "
+                    "second); the instantaneous length is gateway_queue_length on /metrics.",
+                ),
+                Panel(
+                    "Fair share of admitted tokens by tenant",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool, tenant) (rate(gateway_queue_tokens_total{{{TP}}}[{RI}])) / on (pool) "
+                            f"group_left sum by (pool) (rate(gateway_queue_tokens_total{{{P}}}[{RI}]))",
+                            "{{pool}} {{tenant}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                    width=8,
+                    description="Each tenant's share of the tokens (uncached prompt + output) its pool admitted: "
+                    "the currency the fair queue equalizes (by weight) while the pool is saturated.",
                 ),
             ),
         ),
