@@ -11,10 +11,16 @@ Arms, each on freshly started sims, same seeded arrivals:
   below_no_queue / below_fair_queue   both tenants at --below-load of the saturating rates: the fast path
               must add nothing there (optional, --arms)
 
-Until the gateway wires the queue in, the queue runs here, in front of the sims (a small asyncio client calls
-queue.admit before sending each request straight to a sim, least in-flight replica first). With
-`--via-gateway URL --light-key K --heavy-key K` the same load goes through a running gateway instead (arms
-alone and shared; what is in front of the sims is then the gateway's config).
+By default the queue runs here, in front of the sims (a small asyncio client calls queue.admit before sending
+each request straight to a sim, least in-flight replica first). With `--via-gateway` every arm starts its sims
+and a `kvgate serve` in front of them (one bulk pool, tenants light and heavy) and sends the load through it:
+  alone / no_queue      the pool as today (admission off)
+  priority              the pool has priority_scheduling, sims --scheduling-policy priority, the light tenant's
+                        default_class is interactive (priority 0) and the heavy one's bulk (10)
+  fair_queue            pools.bulk.admission enabled (--reserve slots per replica)
+  fair_queue_priority   fair_queue on priority-scheduling sims: the queue releases in fair order and a request
+                        started over its tenant's fair share is sent with a lower priority (10 -> 15)
+  below_no_queue / below_fair_queue   the same at --below-load of the saturating rates
 
 Sims run at --time-scale X (their clock X times real time); every time below is modeled time. Open-loop Poisson
 arrivals for --duration modeled seconds; requests still running --drain seconds after that are cut off, and a
@@ -43,7 +49,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from procs import MODEL, Proc, metric_sum, scrape, sim_proc
+from procs import MODEL, Proc, gateway_config, gateway_proc, metric_sum, scrape, sim_proc
 
 from app.admission import AdmissionConfig, AdmissionQueue, AdmissionRejected
 from app.bench.report import percentile
@@ -97,6 +103,7 @@ class ArmResult:
     tokens_per_s: float | None
     queue: AdmissionQueue | None = None
     samples: list[tuple[int, int]] = field(default_factory=list)  # (sims' waiting, gateway queue) per scrape
+    gateway_metrics: dict[str, float] = field(default_factory=dict)  # the gateway's /metrics after the arm
 
 
 # ------------------------------------------------------------------------------------------------ workload
@@ -225,8 +232,9 @@ async def scrape_loop(session: aiohttp.ClientSession, replicas: list[ScrapedRepl
 
 async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, light_rate: float,
                   heavy_rate: float, queue: AdmissionQueue | None = None, priority: bool = False,
-                  keys: dict[str, str] | None = None) -> ArmResult:  # fmt: skip
-    """Drive the load for one arm (rates in modeled req/s) and collect records and counters."""
+                  keys: dict[str, str] | None = None, gateway: str | None = None) -> ArmResult:  # fmt: skip
+    """Drive the load for one arm (rates in modeled req/s) and collect records and counters; with `gateway`
+    the requests go there and `urls` (the sims behind it) only give the token counters."""
     ts = args.time_scale
     rng = random.Random(args.seed)
     tok = FallbackTokenizer()
@@ -235,7 +243,7 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
         plan += [(t, HEAVY) for t in arrivals(heavy_rate, args.duration, rng)]
     plan.sort()
     prompts = [make_prompt(rng, args.prompt_tokens, tok) for _ in range(min(len(plan), 64))]
-    replicas = [ScrapedReplica(u) for u in urls]
+    replicas = [ScrapedReplica(u) for u in ([gateway] if gateway else urls)]
     samples: list[tuple[int, int]] = []
     stop = asyncio.Event()
     conn = aiohttp.TCPConnector(limit=0)
@@ -283,7 +291,8 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
             total = sum(r.prompt_tokens + r.output_tokens for r, _ in tasks
                         if args.warmup <= r.arrival and not r.cut_off and r.error is None)  # fmt: skip
         tokens_per_s = total / window
-    return ArmResult(name, [r for r, _ in tasks], tokens_per_s, queue, samples)
+    gw_metrics = scrape(gateway) if gateway else {}
+    return ArmResult(name, [r for r, _ in tasks], tokens_per_s, queue, samples, gw_metrics)
 
 
 def _counters(urls: Sequence[str]) -> dict[str, dict[str, float]]:
@@ -358,6 +367,18 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
         if a.queue is not None:
             shares = {t: round(v, 3) for t, v in sorted(a.queue.shares().items())}
             extra += f"; token shares {shares}; rejected {dict(a.queue.rejected)}"
+        if a.gateway_metrics:
+            m = a.gateway_metrics
+            admitted = {t: metric_sum(m, "gateway_queue_tokens_total", tenant=t) for t in (LIGHT, HEAVY)}
+            total = sum(admitted.values())
+            if total:
+                extra += f"; gateway token shares { {t: round(v / total, 3) for t, v in admitted.items()} }"
+            waits = {t: metric_sum(m, "gateway_queue_wait_seconds_count", tenant=t) for t in (LIGHT, HEAVY)}
+            queued_s = {t: metric_sum(m, "gateway_queue_wait_seconds_sum", tenant=t) for t in (LIGHT, HEAVY)}
+            if any(waits.values()):
+                extra += "; mean queue wait ms " + str({t: round(queued_s[t] / waits[t] * 1000 * ts, 1)
+                                                         for t in waits if waits[t]})  # fmt: skip
+            extra += f"; queue 429s {metric_sum(m, 'gateway_rate_limited_total', limit='queue'):.0f}"
         print(f"{a.name}: light cut off {lt['cut_off']}, errors {lt['errors']}; heavy cut off {hv['cut_off']}, "
               f"errors {hv['errors']}{extra}")
 
@@ -414,14 +435,57 @@ async def direct(args: argparse.Namespace) -> None:
     print_table(args, results, light_rate, heavy_rate)
 
 
+GATEWAY_KEYS = {LIGHT: "sk-fair-light", HEAVY: "sk-fair-heavy"}
+
+
+def arm_gateway_config(args: argparse.Namespace, name: str, urls: Sequence[str]) -> dict[str, object]:
+    """The gateway in front of one arm's sims: one bulk pool; admission and priority as the arm says."""
+    ts = args.time_scale
+    priority = "priority" in name
+    pool: dict[str, object] = {"role": "bulk", "replicas": list(urls), "policy": "least_load",
+                               "max_num_seqs": args.max_num_seqs, "priority_scheduling": priority}  # fmt: skip
+    if "fair_queue" in name:
+        pool["admission"] = queue_config(args, args.reserve).model_dump()
+    # Only the priority-alone arm tells vLLM who is light (the operator must know in advance).
+    light_class = "interactive" if name == "priority" else "bulk"
+    tenants = [{"id": LIGHT, "api_keys": [GATEWAY_KEYS[LIGHT]], "default_class": light_class},
+               {"id": HEAVY, "api_keys": [GATEWAY_KEYS[HEAVY]], "default_class": "bulk"}]  # fmt: skip
+    routing = {"probe_interval_s": args.probe_interval / ts, "healthy_after": 1, "unhealthy_after": 3,
+               "allow_spill": False}  # fmt: skip
+    return gateway_config({"bulk": pool}, tenants=tenants, routing=routing,
+                          upstream={"read_timeout_s": 600, "retries": 0})  # fmt: skip
+
+
 async def via_gateway(args: argparse.Namespace) -> None:
-    """Arms alone and shared through a running gateway (its config decides what is in front of the pool)."""
-    keys = {LIGHT: args.light_key, HEAVY: args.heavy_key}
-    url = args.via_gateway.rstrip("/")
-    alone = await run_arm("alone", [url], args, light_rate=args.light_rate, heavy_rate=0.0, keys=keys)
-    shared = await run_arm("shared", [url], args, light_rate=args.light_rate,
-                           heavy_rate=args.light_rate * args.heavy_factor, keys=keys)  # fmt: skip
-    print_table(args, [alone, shared], args.light_rate, args.light_rate * args.heavy_factor)
+    """Every arm through a `kvgate serve` this script starts in front of fresh sims."""
+    log_dir = Path(tempfile.mkdtemp(prefix="kvgate-fair-queue-gw-"))
+    light_rate, heavy_rate = args.light_rate, args.light_rate * args.heavy_factor
+    results: list[ArmResult] = []
+    for name in args.arms.split(","):
+        below = name.startswith("below_")
+        lr, hr = (light_rate * args.below_load, heavy_rate * args.below_load) if below else (light_rate, heavy_rate)
+        if name == "alone":
+            hr = 0.0
+        sims = sims_for(args, name, "priority" in name, log_dir)
+        gw: Proc | None = None
+        try:
+            for s in sims:
+                s.start()
+            gw = gateway_proc(f"gw-{name}", arm_gateway_config(args, name, [s.url for s in sims]), log_dir=log_dir)
+            gw.start("/ready")
+            await asyncio.sleep(2 * args.probe_interval / args.time_scale)  # first scrapes in
+            print(f"[{time.strftime('%H:%M:%S')}] arm {name} (via gateway) ...", flush=True)
+            t = time.perf_counter()
+            res = await run_arm(name, [s.url for s in sims], args, light_rate=lr, heavy_rate=hr,
+                                keys=GATEWAY_KEYS, gateway=gw.url)  # fmt: skip
+            print(f"    {time.perf_counter() - t:.0f} s real", flush=True)
+            results.append(res)
+        finally:
+            if gw is not None:
+                gw.stop()
+            for s in sims:
+                s.stop()
+    print_table(args, results, light_rate, heavy_rate)
 
 
 def main() -> None:
@@ -445,12 +509,8 @@ def main() -> None:
     p.add_argument("--max-queue-len", type=int, default=1024)
     p.add_argument("--time-scale", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--via-gateway", default=None, metavar="URL", help="send through a running gateway instead")
-    p.add_argument("--light-key", default=None)
-    p.add_argument("--heavy-key", default=None)
+    p.add_argument("--via-gateway", action="store_true", help="every arm through a kvgate serve in front of the sims")
     args = p.parse_args()
-    if args.via_gateway and not (args.light_key and args.heavy_key):
-        p.error("--via-gateway needs --light-key and --heavy-key")
     if math.isclose(args.time_scale, 0):
         p.error("--time-scale must be > 0")
     asyncio.run(via_gateway(args) if args.via_gateway else direct(args))
