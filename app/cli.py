@@ -10,11 +10,15 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from app.api.server import Drainable, GatewayServer
 from app.config import ConfigError, GatewayConfig, load_config
+
+if TYPE_CHECKING:
+    from app.workers import WorkerInfo
 
 # The lab commands: module and help line. Each needs the optional extra of its own name (pyproject.toml).
 LAB_COMMANDS = {
@@ -29,8 +33,6 @@ _NAME_RX = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from app.api.app import create_app
-
     try:
         cfg = load_config(args.config)
     except ConfigError as err:
@@ -38,30 +40,52 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host = args.host or cfg.listen.host
     port = args.port if args.port is not None else cfg.listen.port
+    workers = args.workers if args.workers is not None else cfg.listen.workers
+    if workers != 1:
+        from app.workers import serve_workers  # N processes on one port (SO_REUSEPORT), each the path below
+
+        return serve_workers(cfg, args.config, host, port, args.log_level, workers)
+    return serve_app(cfg, host, port, args.log_level)
+
+
+def serve_app(cfg: GatewayConfig, host: str, port: int, log_level: str, *, sock: socket.socket | None = None,
+              worker: WorkerInfo | None = None) -> int:  # fmt: skip
+    """One gateway process on host:port, or on `sock` as one of `kvgate serve --workers N` (app/workers.py)."""
+    from app.api.app import create_app
+    from app.api.server import server_config
+
     app = create_app(cfg)
-    config = uvicorn.Config(
+    if worker is not None:
+        worker.attach(app)
+    config = server_config(
         app,
+        cfg.listen,
+        app.connections,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
         access_log=False,
         # The gateway reads no client address; skipping uvicorn's proxy-headers layer saves work per request.
         proxy_headers=False,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=5,
+        log_level=log_level,
     )
-    server = _ReadyServer(config, lambda url: _announce_when_probed(url, cfg, app))
-    server.run()
+    server = _ReadyServer(config, app, cfg, lambda url: _announce_when_probed(url, cfg, app, worker))
+    server.run(sockets=None if sock is None else [sock])
     # uvicorn's own exit code for a server that never started (port taken, lifespan failed).
     return 0 if server.started else 3
 
 
-class _ReadyServer(uvicorn.Server):
-    """uvicorn's server, plus one task started once the sockets listen (the ready line)."""
+class _ReadyServer(GatewayServer):
+    """The gateway's server (slow-client deadlines, drain), plus one task started once the sockets listen."""
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[str], Coroutine[Any, Any, None]]) -> None:
-        super().__init__(config)
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        app: Drainable,
+        cfg: GatewayConfig,
+        on_started: Callable[[str], Coroutine[Any, Any, None]],
+    ) -> None:
+        super().__init__(config, app, cfg.listen)
         self._on_started = on_started
         self._ready_task: asyncio.Task[None] | None = None
 
@@ -80,15 +104,21 @@ def _listen_url(servers: Sequence[Any]) -> str:
     return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
 
 
-async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object) -> None:
-    """Print the ready line once every replica had its first probe (or after a few seconds)."""
+async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object, worker: WorkerInfo | None = None) -> None:
+    """Print the ready line once every replica had its first probe (or after a few seconds); of N workers,
+    worker 0 prints it."""
+    if worker is not None:
+        worker.on_listening()
+        if worker.index != 0:
+            return
     replicas = _replica_states(app)
     # The scraper sets no event on a first probe; a bounded poll of the flags it does set is enough here.
     for _ in range(int(_FIRST_PROBE_WAIT_S / _PROBE_POLL_S)):
         if all(getattr(r, "probed", True) for _, r in replicas):
             break
         await asyncio.sleep(_PROBE_POLL_S)
-    print(ready_line(url, cfg, replicas), flush=True)
+    workers = f" - {worker.count} workers" if worker is not None else ""
+    print(ready_line(url, cfg, replicas) + workers, flush=True)
 
 
 def _replica_states(app: object) -> list[tuple[str, Any]]:
@@ -205,6 +235,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--workers", type=int, help="processes on one port (default: listen.workers); >1 needs Redis")
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file; exit 2 with every problem")

@@ -1,10 +1,16 @@
-"""The inference endpoints as raw ASGI apps: the hot path skips framework layers it does not need."""
+"""The inference endpoints as raw ASGI apps: the hot path skips framework layers it does not need.
+
+Whatever goes wrong on the way, the client gets its API's envelope: a GatewayError as it says, any other
+exception as a 500 (logged with the request id), or, once a stream has started, the surface's error event.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -14,16 +20,41 @@ from app.errors import GatewayError, too_large
 from app.headers import REQUEST_ID
 from app.pipeline import Gateway, Reply
 
+if TYPE_CHECKING:
+    from app.api.server import ConnectionStats
+
+log = logging.getLogger(__name__)
+
 
 def headers_of(scope: Scope) -> dict[str, str]:
     """An ASGI scope's headers as a dict with lowercase names."""
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+def internal_error(request_id: str) -> GatewayError:
+    """500: an exception the request path did not expect (the log has it under the request id)."""
+    return GatewayError(500, f"The gateway failed on this request (request id {request_id}).", type="server_error",
+                        code="internal_error")  # fmt: skip
+
+
+def body_timeout(seconds: float) -> GatewayError:
+    """408: the client did not send its whole body in time; the connection is closed after the answer."""
+    return GatewayError(408, f"The request body did not arrive within {seconds:g} s.", code="request_timeout",
+                        headers={"connection": "close"})  # fmt: skip
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int, deadline_s: float) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
+    try:
+        async with asyncio.timeout(deadline_s):
+            return await _body(receive, limit)
+    except TimeoutError:
+        raise body_timeout(deadline_s) from None
+
+
+async def _body(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -39,9 +70,14 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
             return b"".join(chunks)
 
 
-async def send_reply(send: Send, reply: Reply, before_last: Callable[[], None]) -> None:
-    """Write a Reply to the ASGI channel; `before_last` runs just before the final body message."""
+async def send_reply(
+    send: Send, reply: Reply, before_last: Callable[[], None], on_start: Callable[[], None] | None = None
+) -> None:
+    """Write a Reply to the ASGI channel; `on_start` runs as the status line goes, `before_last` just before
+    the final body message."""
     raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+    if on_start is not None:
+        on_start()
     await send({"type": "http.response.start", "status": reply.status, "headers": raw_headers})
     if reply.stream is None:
         before_last()
@@ -56,8 +92,9 @@ async def send_reply(send: Send, reply: Reply, before_last: Callable[[], None]) 
 class InferenceEndpoint:
     """Every inference path: its surface parses, the gateway runs the stages, this relays the reply."""
 
-    def __init__(self, gateway: Callable[[], Gateway]) -> None:
+    def __init__(self, gateway: Callable[[], Gateway], stats: ConnectionStats | None = None) -> None:
         self._gateway = gateway
+        self._stats = stats
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Parse, run the pipeline, relay; a client that goes away cancels the work (and the upstream call)."""
@@ -70,19 +107,26 @@ class InferenceEndpoint:
             err = GatewayError(405, f"Method {scope['method']} not allowed; use POST.", code="method_not_allowed")
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
+        listen = gateway.cfg.listen
         try:
-            raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes)
+            raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes, listen.body_timeout_s)
             ctx = parse_request(scope["path"], raw, headers, gateway.cfg, request_id, surface)
         except GatewayError as err:
+            if err.status == 408 and self._stats is not None:
+                self._stats.timed_out("body")
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         except asyncio.CancelledError:
+            return
+        except Exception:
+            log.exception("request %s: parsing failed", request_id)
+            await send_reply(send, _plain_error(surface, internal_error(request_id), request_id), lambda: None)
             return
         ctx.timing.start = started
 
         main = asyncio.current_task()
         cancelled = False
-        state = {"done": False, "disconnected": False}
+        state = {"done": False, "disconnected": False, "started": False}
 
         async def watch_disconnect() -> None:
             while True:
@@ -96,7 +140,9 @@ class InferenceEndpoint:
         watcher = asyncio.create_task(watch_disconnect())
         try:
             reply = await gateway.handle(ctx)
-            await send_reply(send, reply, lambda: state.__setitem__("done", True))
+            await send_reply(
+                send, reply, lambda: state.__setitem__("done", True), lambda: state.__setitem__("started", True)
+            )
         except asyncio.CancelledError:
             if not state["disconnected"]:
                 raise
@@ -105,9 +151,29 @@ class InferenceEndpoint:
             cancelled = True
         except OSError:
             ctx.error_type = ctx.error_type or "client_disconnected"
+        except Exception:
+            log.exception("request %s: failed on the request path", request_id)
+            ctx.status, ctx.error_type = 500, "internal_error"
+            await _answer_failure(send, surface, request_id, started=state["started"], done=state["done"])
         finally:
             watcher.cancel()
-            await gateway.finished(ctx, cancelled=cancelled)
+            try:
+                await gateway.finished(ctx, cancelled=cancelled)
+            except Exception:
+                log.exception("request %s: settling failed", request_id)
+
+
+async def _answer_failure(send: Send, surface: Surface, request_id: str, *, started: bool, done: bool) -> None:
+    """A 500 in the envelope, or the surface's error event to end a stream already under way."""
+    err = internal_error(request_id)
+    try:
+        if not started:
+            await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
+        elif not done:
+            await send({"type": "http.response.body", "body": surface.stream_error(err), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        pass  # the client is gone: nothing left to tell it
 
 
 def _plain_error(surface: Surface, err: GatewayError, request_id: str) -> Reply:

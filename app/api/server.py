@@ -1,0 +1,270 @@
+"""The HTTP server around the gateway app: uvicorn's httptools protocol with deadlines for slow clients, a cap on
+connections per client address, and a drain on SIGTERM.
+
+uvicorn bounds idle keep-alive connections (`timeout_keep_alive`) but not a request in progress: a client that
+connects and sends half its headers, or declares Content-Length 1000 and sends 10 bytes, would hold its socket
+forever. The protocol below arms a timer from the connection (or the next request's first byte) until the
+headers are complete, and from then until the body is complete; a timer that fires closes the socket and
+counts it. The inference endpoints answer a late body with a 408 in their envelope first (`app/api/proxy.py`);
+the protocol's body timer, a little later, is the backstop for every other path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, ClassVar, Literal, Protocol
+
+import orjson
+import uvicorn
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.config_models import Listen
+from app.errors import error_body
+
+Phase = Literal["header", "body"]
+# The protocol's body timer fires this much after the endpoint's own deadline, which answers with a 408 first.
+BODY_BACKSTOP_S = 1.0
+
+
+@dataclass(slots=True)
+class ConnectionStats:
+    """What the connection guard did, for /metrics."""
+
+    header_timeouts: int = 0
+    body_timeouts: int = 0
+    refused: int = 0
+    open: int = 0
+
+    def timed_out(self, phase: Phase) -> None:
+        """Count one socket closed (or answered 408) because its headers or body came too late."""
+        if phase == "header":
+            self.header_timeouts += 1
+        else:
+            self.body_timeouts += 1
+
+
+@dataclass(slots=True)
+class ConnectionGuard:
+    """Per-server state of the protocol: the deadlines, the open connections per client address, the counters."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    max_per_client: int
+    stats: ConnectionStats = field(default_factory=ConnectionStats)
+    per_client: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_listen(cls, listen: Listen) -> ConnectionGuard:
+        """The guard the `listen` section configures."""
+        return cls(listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client)
+
+    def admit(self, peer: str) -> bool:
+        """Take one connection slot of `peer`; False (and nothing taken) when it holds all of them."""
+        held = self.per_client.get(peer, 0)
+        if held >= self.max_per_client:
+            self.stats.refused += 1
+            return False
+        self.per_client[peer] = held + 1
+        self.stats.open += 1
+        return True
+
+    def leave(self, peer: str) -> None:
+        """Give `peer`'s slot back."""
+        held = self.per_client.get(peer, 0) - 1
+        if held > 0:
+            self.per_client[peer] = held
+        else:
+            self.per_client.pop(peer, None)
+        self.stats.open -= 1
+
+
+def register_connection_metrics(meter: Meter, stats: ConnectionStats) -> None:
+    """Observable instruments read from the counters at each collection (nothing on the request path)."""
+
+    def timeouts(options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(stats.header_timeouts, {"phase": "header"})
+        yield Observation(stats.body_timeouts, {"phase": "body"})
+
+    meter.create_observable_counter(
+        "gateway.connections.timed_out", [timeouts], "{connection}",
+        "Client connections closed (or answered 408) because headers or body did not arrive in time",
+    )  # fmt: skip
+    meter.create_observable_counter(
+        "gateway.connections.refused", [lambda o: [Observation(stats.refused)]], "{connection}",
+        "Connections answered 503 because their client address held listen.max_connections_per_client",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        "gateway.connections.open", [lambda o: [Observation(stats.open)]], "{connection}",
+        "Client connections open now",
+    )  # fmt: skip
+
+
+def _raw_response(status: int, reason: bytes, body: bytes) -> bytes:
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            % (status, reason, len(body)) + body)  # fmt: skip
+
+
+def _envelope(path: bytes, status: int, message: str, kind: str, code: str) -> bytes:
+    """The error body in the envelope of the API the (possibly partial) path belongs to."""
+    if path.startswith(b"/v1/messages"):
+        anthropic_type = "api_error" if status >= 500 else "invalid_request_error"
+        if status == 408:
+            anthropic_type = "timeout_error"
+        return orjson.dumps({"type": "error", "error": {"type": anthropic_type, "message": message}})
+    return error_body(message, kind, None, code)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    """The app a refused connection gets: one 503 in its API's envelope, then the connection closes."""
+    body = _envelope(scope.get("raw_path", b""), 503, "Too many open connections from this address.",
+                     "service_unavailable", "too_many_connections")  # fmt: skip
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close"), (b"retry-after", b"1")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _GuardedBase(HttpToolsProtocol):
+    """uvicorn's httptools protocol with header and body deadlines and the per-client cap (see the module doc)."""
+
+    guard: ClassVar[ConnectionGuard]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._peer: str | None = None
+        self._got_bytes = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Count the connection against its client address and start the header deadline."""
+        super().connection_made(transport)
+        peer = self.client[0] if self.client else ""
+        if self.guard.admit(peer):
+            self._peer = peer
+        else:
+            self.app = _refuse  # answered once its headers are in, then closed
+        self._arm(self.guard.header_timeout_s, "header")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Give the client's slot back."""
+        self._disarm()
+        if self._peer is not None:
+            self.guard.leave(self._peer)
+            self._peer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser (whose callbacks move the deadlines)."""
+        self._got_bytes = True
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        """A request's first byte: its headers are due (the connection's own deadline if still running)."""
+        super().on_message_begin()
+        if self._timer is None:
+            self._arm(self.guard.header_timeout_s, "header")
+
+    def on_headers_complete(self) -> None:
+        """Headers in time: the body is due next."""
+        self._disarm()
+        super().on_headers_complete()
+        if not self.pipeline:  # a queued (pipelined) request is not read until its turn: no deadline yet
+            self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
+
+    def on_message_complete(self) -> None:
+        """The whole request arrived: no deadline while the app works (keep-alive idling is uvicorn's)."""
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self, seconds: float, phase: Phase) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._expired, phase)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self, phase: Phase) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if phase == "body" and self.cycle is not None and self.cycle.response_started:
+            # The app answered (a 408, a 413, …) and closes the connection itself when it is done.
+            if self.cycle.response_complete:
+                self.transport.close()
+            return
+        self.guard.stats.timed_out(phase)
+        if phase == "header" and self._got_bytes:
+            message = f"The request headers did not arrive within {self.guard.header_timeout_s:g} s."
+            body = _envelope(getattr(self, "url", b""), 408, message, "invalid_request_error", "request_timeout")
+            self.transport.write(_raw_response(408, b"Request Timeout", body))
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.close()
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
+    """A protocol class for `uvicorn.Config(http=...)` bound to one server's guard."""
+    return type("GuardedHttpToolsProtocol", (_GuardedBase,), {"guard": guard})
+
+
+class Drainable(Protocol):
+    """What the server tells the app when a drain starts (GatewayApp: /ready turns 503)."""
+
+    def begin_drain(self) -> None:
+        """Report not-ready from now on."""
+        ...
+
+
+def server_config(app: Any, listen: Listen, guard: ConnectionGuard, **kwargs: Any) -> uvicorn.Config:
+    """uvicorn's config for the gateway: the guarded protocol, keep-alive and drain limits from `listen`."""
+    kwargs.setdefault("host", listen.host)
+    kwargs.setdefault("port", listen.port)
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(guard),
+        timeout_keep_alive=listen.keepalive_timeout_s,  # type: ignore[arg-type]  # a float works (call_later)
+        timeout_graceful_shutdown=listen.drain_s,  # type: ignore[arg-type]
+        **kwargs,
+    )
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server with the drain: on SIGTERM the app reports not-ready at once, the listener stays open
+    `drain_notice_s` more, then stops accepting; open requests have until `drain_s` after the signal."""
+
+    def __init__(self, config: uvicorn.Config, app: Drainable, listen: Listen) -> None:
+        super().__init__(config)
+        self._drainable = app
+        self._listen = listen
+        self._drain_from: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """First SIGTERM: drain (notice first); SIGINT, or a second signal: as uvicorn does."""
+        if self._drain_from is None:
+            self._drain_from = time.monotonic()
+            self._drainable.begin_drain()
+            if sig == signal.SIGTERM and self._listen.drain_notice_s > 0:
+                return  # on_tick ends the main loop when the notice is over
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick, plus the end of the drain notice."""
+        if await super().on_tick(counter):
+            return True
+        return self._drain_from is not None and time.monotonic() - self._drain_from >= self._listen.drain_notice_s
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        """Stop accepting and wait for open requests, up to drain_s after the signal."""
+        if self._drain_from is not None:
+            left = self._listen.drain_s - (time.monotonic() - self._drain_from)
+            self.config.timeout_graceful_shutdown = max(0.1, left)  # type: ignore[assignment]
+        await super().shutdown(sockets)
