@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -202,3 +203,62 @@ def test_a_killed_worker_is_replaced_then_sigterm_drains_all(two_workers: tuple[
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     assert not _children(proc.pid)
+
+
+# --- dashboards ---------------------------------------------------------------------------------------
+
+_AGG = re.compile(
+    r"\b(sum|max|min|avg|count|topk|bottomk|quantile|group|stddev|stdvar)\s*(?:(by|without)\s*\(([^)]*)\))?\s*$"
+)
+_METRIC = re.compile(r"\b(?:gateway|gen_ai)_[a-z0-9_]+")
+
+
+def _aggregations_around(expr: str, pos: int) -> list[tuple[str, str | None, set[str]]]:
+    """(operator, by/without, labels) of every aggregation whose parentheses enclose `pos`, innermost first."""
+    out, depth = [], 0
+    for i in range(pos - 1, -1, -1):
+        if expr[i] == ")":
+            depth += 1
+        elif expr[i] == "(":
+            if depth:
+                depth -= 1
+                continue
+            m = _AGG.search(expr[:i])
+            if m:
+                mode, labels = m.group(2), m.group(3)
+                if mode is None:  # `sum(...) by (labels)`: the clause after the closing parenthesis
+                    close, d = i, 0
+                    for j in range(i, len(expr)):
+                        d += {"(": 1, ")": -1}.get(expr[j], 0)
+                        if d == 0:
+                            close = j
+                            break
+                    after = re.match(r"\s*(by|without)\s*\(([^)]*)\)", expr[close + 1 :])
+                    if after:
+                        mode, labels = after.group(1), after.group(2)
+                out.append((m.group(1), mode, {s.strip() for s in (labels or "").split(",") if s.strip()}))
+    return out
+
+
+def test_every_dashboard_query_aggregates_the_worker_label_away() -> None:
+    from tests.deploy.files import DASHBOARDS, dashboard_targets
+
+    checked, bad = 0, []
+    for path in DASHBOARDS:
+        for title, expr in dashboard_targets(path):
+            for m in _METRIC.finditer(expr):
+                checked += 1
+                aggs = _aggregations_around(expr, m.start())
+                # The outermost aggregation decides what a panel shows: it must drop worker and instance.
+                if not aggs or aggs[-1][1] == "without" or aggs[-1][2] & {"worker", "instance"}:
+                    bad.append(f"{path.name} / {title}: {m.group(0)} in {expr}")
+    assert checked > 30
+    assert not bad, "\n".join(bad)
+
+
+def test_the_dashboard_check_catches_a_query_split_by_worker() -> None:
+    expr = "sum by (tenant, worker) (rate(gateway_requests_total[1m]))"
+    assert _aggregations_around(expr, expr.index("gateway_"))[-1] == ("sum", "by", {"tenant", "worker"})
+    assert _aggregations_around("rate(gateway_requests_total[1m])", 5) == []
+    inner = "sum(rate(gateway_x_total[1m])) by (pool)"
+    assert _aggregations_around(inner, inner.index("gateway_")) == [("sum", "by", {"pool"})]
