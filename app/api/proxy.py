@@ -76,6 +76,9 @@ async def send_reply(
     """Write a Reply to the ASGI channel; `on_start` runs as the status line goes, `before_last` just before
     the final body message."""
     raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+    if reply.stream is None and "content-length" not in reply.headers:
+        # A known length spares the chunked framing (and lets a client read the body before the close).
+        raw_headers.append((b"content-length", str(len(reply.body)).encode()))
     if on_start is not None:
         on_start()
     await send({"type": "http.response.start", "status": reply.status, "headers": raw_headers})

@@ -125,7 +125,8 @@ async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     """The app a refused connection gets: one 503 in its API's envelope, then the connection closes."""
     body = _envelope(scope.get("raw_path", b""), 503, "Too many open connections from this address.",
                      "service_unavailable", "too_many_connections")  # fmt: skip
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close"), (b"retry-after", b"1")]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close"), (b"retry-after", b"1")]  # fmt: skip
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
