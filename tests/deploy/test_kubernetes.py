@@ -378,7 +378,16 @@ def test_gateway_configmap_parses_on_its_own() -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_gateway_config_with_its_environment_is_the_compose_gateways(overlay: str) -> None:
     k8s, compose = gateway_config(objects(overlay)), compose_gateway_config()
-    assert k8s.pools == compose.pools and k8s.models == compose.models and k8s.telemetry == compose.telemetry
+    # The same pools, except where replicas come from: compose names one engine per pool, Kubernetes
+    # discovers the pods behind the headless twin of that engine's Service (same port).
+    assert set(k8s.pools) == set(compose.pools)
+    for name, pool in k8s.pools.items():
+        [url] = compose.pools[name].replicas
+        host, port = host_port(url, 80)
+        assert pool.discovery is not None and pool.discovery.dns == f"{host}-pods:{port}", name
+        same = {"replicas": [], "discovery": None}
+        assert pool.model_copy(update=same) == compose.pools[name].model_copy(update=same)
+    assert k8s.models == compose.models and k8s.telemetry == compose.telemetry
     assert k8s.listen == compose.listen and k8s.routing == compose.routing and k8s.auth == compose.auth
     if overlay != "external-redis":
         assert k8s.store == compose.store
@@ -410,19 +419,21 @@ def test_gateway_replicas_reach_each_pools_engine_service_on_its_listen_port(ove
     objs = objects(overlay)
     cfg = gateway_config(objs)
     for pool_name, pool in cfg.pools.items():
-        for url in pool.replicas:
-            host, port = host_port(url, 80)
-            workload, [target] = reaches(objs, host, port)
-            assert workload["metadata"]["labels"]["kvgate/pool"] == pool_name, url
-            c = pod_spec(workload)["containers"][0]
-            assert int(flag(argv(objs, c), "--port") or 8000) == target, f"{url}: engine listens elsewhere"
-            # The headless twin every pool has, for per-pod scraping and DNS discovery.
-            pods = exact(objs, "Service", f"{host}-pods")
-            assert (
-                pods
-                and pods["spec"]["clusterIP"] == "None"
-                and pods["spec"]["selector"] == service_for(objs, host)["spec"]["selector"]
-            )
+        # Discovery by DNS: the headless Service's records are the pods' addresses, dialled on the given port
+        # (no Service port mapping), so that port must be the engine container's.
+        assert pool.discovery is not None and pool.discovery.dns is not None, f"{pool_name}: no DNS discovery"
+        host, port = host_port(f"http://{pool.discovery.dns}", 80)
+        pods = service_for(objs, host)
+        assert pods["spec"]["clusterIP"] == "None", f"{host}: not headless, its one record would be one replica"
+        assert not pods["spec"].get("publishNotReadyAddresses"), "unready pods must leave the records"
+        workload, _ = reaches(objs, host, port)
+        assert workload["metadata"]["labels"]["kvgate/pool"] == pool_name, host
+        c = pod_spec(workload)["containers"][0]
+        assert container_port(c, port) == port
+        assert int(flag(argv(objs, c), "--port") or 8000) == port, f"{host}: engine listens elsewhere"
+        # The ClusterIP twin selects the same pods (the stable name for other clients).
+        svc = exact(objs, "Service", host.removesuffix("-pods"))
+        assert svc and svc["spec"]["selector"] == pods["spec"]["selector"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -430,7 +441,8 @@ def test_engines_serve_the_model_name_the_gateway_asks_for(overlay: str) -> None
     objs = objects(overlay)
     cfg = gateway_config(objs)
     for pool in cfg.pools.values():
-        workload, _ = reaches(objs, *host_port(pool.replicas[0], 80))
+        assert pool.discovery is not None and pool.discovery.dns is not None
+        workload, _ = reaches(objs, *host_port(f"http://{pool.discovery.dns}", 80))
         args = argv(objs, pod_spec(workload)["containers"][0])
         assert (flag(args, "--served-model-name") or flag(args, "--model")) == pool.served_model
     assert {p.served_model for p in cfg.pools.values()} <= {m.name for m in cfg.models}
