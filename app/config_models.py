@@ -346,6 +346,9 @@ class NormalizeConfig(_Strict):
     # Secret mixed into per-tenant cache_salt; override with KVGATE_NORMALIZE__SALT_SECRET in production.
     salt_secret: str = "kvgate-dev-secret"
     memory_per_tenant: int = Field(256, ge=8)
+    # Learned volatility (template fingerprints only) kept in the store, so a new replica starts warm.
+    share_learning: bool = True
+    shared_refresh_s: float = Field(5.0, gt=0)
 
 
 class GatewayConfig(BaseSettings):

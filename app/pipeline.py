@@ -27,6 +27,7 @@ from app.kvcache.subscriber import EventSource, KvEventsHub
 from app.kvcache.tokens import ChatRenderError
 from app.limits import Limiter
 from app.normalize import VolatilityMemory, normalize, salt_for_tenant
+from app.normalize.shared import SharedLearning
 from app.routing.classify import classify
 from app.routing.discovery import Discoverer
 from app.routing.kv_events import KvEventsParams
@@ -81,7 +82,10 @@ class Gateway:
         )
         self.telemetry = telemetry or Telemetry(cfg.telemetry, cfg.pools)
         self.settler = Settler(cfg, self.registry, self.limiter, self.telemetry)
-        self.memory = VolatilityMemory(capacity_per_tenant=cfg.normalize.memory_per_tenant)
+        self.memory = VolatilityMemory(
+            capacity_per_tenant=cfg.normalize.memory_per_tenant, secret=cfg.normalize.salt_secret
+        )
+        self.shared_learning = SharedLearning.for_config(cfg, self.memory, self.store)
         self.kv_hub = _kv_hub(cfg)
         self.cluster = ClusterState.from_config(cfg, kv_hub=self.kv_hub)
         self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
@@ -103,6 +107,9 @@ class Gateway:
             self.cluster, self.session, self.cfg.routing, on_scrape=self._on_scrape if self.queues else None
         )
         await self.registry.load()
+        if self.shared_learning is not None:  # before serving: a new replica starts with what others learned
+            await self.shared_learning.load()
+            self._background.append(asyncio.create_task(self.shared_learning.run(), name="kvgate-shared-learning"))
         await self.scraper.start()
         if self.discoverer is not None:
             self.discoverer.register_metrics(self.telemetry.meter)
@@ -128,6 +135,8 @@ class Gateway:
                 await task
         with contextlib.suppress(Exception):
             await self.limiter.ledger.flush()
+        if self.shared_learning is not None:
+            await self.shared_learning.flush()  # fails open (False) when the store is down
         await self.store.aclose()
         await self.telemetry.shutdown()
         if self.session is not None:

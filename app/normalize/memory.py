@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import NamedTuple, TypeVar
 
 _V = TypeVar("_V")
@@ -39,6 +42,11 @@ class Shape(NamedTuple):
     refers: bool
 
 
+def fingerprint_key(secret: bytes, tenant_id: str) -> bytes:
+    """The BLAKE2b key of one tenant's template fingerprints: HMAC-SHA256(secret, label + tenant id)."""
+    return hmac.new(secret, b"kvgate-volatility-fingerprint\0" + tenant_id.encode(), hashlib.sha256).digest()
+
+
 def _bounded_put(table: OrderedDict[int, _V], key: int, value: _V, capacity: int) -> None:
     table[key] = value
     if len(table) > capacity:
@@ -64,10 +72,21 @@ def _observe_learned(entry: list[int], value: int) -> bool:
 class TenantMemory:
     """One tenant's tables, each an LRU of hashes (no text). Obtain via `VolatilityMemory.for_tenant`."""
 
-    __slots__ = ("_capacity", "_positional", "_shapes", "_spans", "_static", "_static_rules")
+    __slots__ = (
+        "_capacity", "_forget", "_positional", "_publish", "_shapes", "_shared", "_spans", "_static",
+        "_static_rules", "fingerprint_key",
+    )  # fmt: skip
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, fingerprint_key: bytes = b"") -> None:
         self._capacity = capacity
+        # Keys template keys (scan.fingerprint) so that every gateway process computes the same ones.
+        self.fingerprint_key = fingerprint_key
+        # Shared learning (app/normalize/shared.py): keys other replicas found volatile, read on first sight
+        # only; keys this process found volatile by evidence, or found settled again, not yet written to the
+        # store. Bounded: the store caps what it hands back, and past `capacity` pending keys wait locally.
+        self._shared: set[int] = set()
+        self._publish: set[int] = set()
+        self._forget: set[int] = set()
         # template key -> [last value hash, volatile flag] (+ a run counter for learned keys: changes in a
         # row when > 0, same values in a row when < 0)
         self._spans: OrderedDict[int, list[int]] = OrderedDict()
@@ -86,23 +105,73 @@ class TenantMemory:
         then on (flip-flopping would move the line back and forth and break the cache twice); on first
         sight the caller's presumption decides (strongly typed values under "now"/"request id" labels).
         `LearnedKey`s: never presumed; volatile after `LEARN_AFTER_CHANGES` changes in a row, static
-        again after `RELAX_AFTER_SAMES` equal sightings in a row.
+        again after `RELAX_AFTER_SAMES` equal sightings in a row. Either kind counts as volatile at first
+        sight when another gateway replica already found it so (`set_shared`).
         """
         entry = self._spans.get(key)
         learned = type(key) is LearnedKey
         if entry is None:
+            shared = key in self._shared
             if learned:
-                _bounded_put(self._spans, key, [value, 0, 0], self._capacity)
-                return False
-            _bounded_put(self._spans, key, [value, int(presume_volatile)], self._capacity)
-            return presume_volatile
+                # Shared: as if this process had seen the changes itself (it still settles after equal values).
+                entry = [value, 1, LEARN_AFTER_CHANGES] if shared else [value, 0, 0]
+                _bounded_put(self._spans, key, entry, self._capacity)
+                return shared
+            volatile = presume_volatile or shared
+            _bounded_put(self._spans, key, [value, int(volatile)], self._capacity)
+            return volatile
         self._spans.move_to_end(key)
         if learned:
-            return _observe_learned(entry, value)
+            was = entry[1]
+            now = _observe_learned(entry, value)
+            if now != was:
+                self._changed(key, now)
+            return now
         if entry[0] != value:
             entry[0] = value
-            entry[1] = 1
+            if not entry[1]:
+                entry[1] = 1
+                self._changed(key, True)
         return bool(entry[1])
+
+    def _changed(self, key: int, volatile: bool) -> None:
+        """Evidence turned a key volatile (or a learned one static again): queue it for the shared set."""
+        if volatile:
+            self._forget.discard(key)
+            if key not in self._shared and len(self._publish) < self._capacity:
+                self._publish.add(key)
+        else:
+            self._shared.discard(key)  # settled here: an eviction and a re-sighting must not revive it
+            self._publish.discard(key)
+            if len(self._forget) < self._capacity:
+                self._forget.add(key)
+
+    def set_shared(self, fingerprints: Iterable[int]) -> None:
+        """Replace the keys other replicas found volatile (bar those this process saw settle and has not
+        written yet); consulted on a key's first sighting only, so a key already known here keeps its state."""
+        shared = set(fingerprints)
+        shared.difference_update(self._forget)
+        self._shared = shared
+
+    def take_pending(self) -> tuple[set[int], set[int]]:
+        """Keys to add to the shared set and keys to remove from it since the last call (the queues empty)."""
+        publish, forget = self._publish, self._forget
+        self._publish, self._forget = set(), set()
+        self._shared |= publish  # they are what the shared set will hold once written
+        return publish, forget
+
+    def requeue(self, publish: Iterable[int], forget: Iterable[int]) -> None:
+        """Put back what `take_pending` gave when the write failed, unless newer evidence overrode it."""
+        for key in publish:
+            if key not in self._forget and len(self._publish) < self._capacity:
+                self._publish.add(key)
+        for key in forget:
+            if key not in self._publish and len(self._forget) < self._capacity:
+                self._forget.add(key)
+
+    def has_pending(self) -> bool:
+        """Whether `take_pending` would return anything."""
+        return bool(self._publish or self._forget)
 
     def peek(self, key: int) -> bool | None:
         """Whether `key` is known volatile (None if unknown); does not learn."""
@@ -156,26 +225,32 @@ class VolatilityMemory:
     text is kept. Not thread-safe: the gateway calls it from one event loop and `normalize` never awaits.
     """
 
-    __slots__ = ("_capacity", "_max_tenants", "_tenants")
+    __slots__ = ("_capacity", "_max_tenants", "_secret", "_tenants")
 
-    def __init__(self, capacity_per_tenant: int = 256, max_tenants: int = 10_000) -> None:
+    def __init__(self, capacity_per_tenant: int = 256, max_tenants: int = 10_000, secret: str = "") -> None:
         if capacity_per_tenant < 1 or max_tenants < 1:
             raise ValueError("capacity_per_tenant and max_tenants must be >= 1")
         self._capacity = capacity_per_tenant
         self._max_tenants = max_tenants
+        # Gateway replicas share learned keys only when they key their fingerprints alike (normalize.salt_secret).
+        self._secret = secret.encode()
         self._tenants: OrderedDict[str, TenantMemory] = OrderedDict()
 
     def for_tenant(self, tenant_id: str) -> TenantMemory:
         """The tenant's tables, created on first use; the least recently used tenant is dropped past the cap."""
         mem = self._tenants.get(tenant_id)
         if mem is None:
-            mem = TenantMemory(self._capacity)
+            mem = TenantMemory(self._capacity, fingerprint_key(self._secret, tenant_id))
             self._tenants[tenant_id] = mem
             if len(self._tenants) > self._max_tenants:
                 self._tenants.popitem(last=False)
         else:
             self._tenants.move_to_end(tenant_id)
         return mem
+
+    def pending_tenants(self) -> list[str]:
+        """Tenants with learned keys not yet written to the shared set."""
+        return [tid for tid, mem in self._tenants.items() if mem.has_pending()]
 
     def observe(self, tenant_id: str, key: int, value: int, presume_volatile: bool) -> bool:
         """`TenantMemory.observe` for one tenant."""

