@@ -68,8 +68,12 @@ def parse_line(
     now: datetime,
 ) -> Line | None:
     """The line `text[line_start:line_end]` as a metadata line, or None if it is prose or a payload."""
-    label, value_start = _split_label(text, line_start, line_end)
     value_end = line_start + len(text[line_start:line_end].rstrip(" \t\r"))
+    tagged = _xml_field(text, line_start, value_end)
+    if tagged is not None:
+        label, value_start, value_end = tagged
+    else:
+        label, value_start = _split_label(text, line_start, line_end)
     if not 0 < value_end - value_start <= MAX_VALUE_CHARS:
         return None
     if label is None and SPAN_RX.match(text, value_start, value_end) is None:
@@ -252,6 +256,26 @@ def _labelled_only(
     if "prefixed_id" in allowed and id_label and OPAQUE_TOKEN_RX.fullmatch(value):
         return Line(line_start, line_end, ("prefixed_id",), skeleton, (value,), label, value_start)
     return None
+
+
+def _xml_field(text: str, start: int, end: int) -> tuple[str, int, int] | None:
+    """`<tag>value</tag>` alone on a line (Codex's <environment_context> fields): label, value start and end."""
+    i = start
+    while i < end and text[i] in " \t":
+        i += 1
+    if not text.startswith("<", i, end) or not text.endswith(">", i, end):
+        return None
+    close = text.find(">", i + 1, end)
+    tag = text[i + 1 : close]
+    if close < 0 or not 0 < len(tag) <= MAX_LABEL_CHARS or not _XML_TAG_RX.fullmatch(tag):
+        return None
+    closing = "</" + tag + ">"
+    if not text.endswith(closing, close + 1, end) or end - len(closing) <= close + 1:
+        return None
+    return tag.replace("_", " "), close + 1, end - len(closing)
+
+
+_XML_TAG_RX = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
 
 
 def _split_label(text: str, start: int, end: int) -> tuple[str | None, int]:

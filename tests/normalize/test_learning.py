@@ -192,13 +192,15 @@ def test_learned_moves_are_idempotent_and_restate_each_line_once() -> None:
     assert twice == once and again.moved_total == 0
 
 
-def test_claude_code_shaped_messages_request_moves_the_billing_block() -> None:
+def test_claude_code_shaped_messages_request_moves_a_billing_line_that_heads_a_block() -> None:
+    # vLLM drops a system block that starts with the billing line, whatever follows it; moving the line
+    # keeps the rest. (A block that is only the billing line is dropped by vLLM and left alone here.)
     def make(i: int) -> dict[str, Any]:
         return {
             "model": "m",
             "max_tokens": 64,
             "system": [
-                {"type": "text", "text": billing(i)},
+                {"type": "text", "text": billing(i) + "\nYou are an interactive CLI tool."},
                 {
                     "type": "text",
                     "text": "You are Claude Code.\n" + STATIC_SYSTEM,
@@ -219,9 +221,20 @@ def test_claude_code_shaped_messages_request_moves_the_billing_block() -> None:
         assert body == snapshot
         reports.append(report.moved_total)
     assert reports == [0, 0, 1, 1]
-    assert out["system"][0]["text"] == "" and out["system"][1] == make(3)["system"][1]
+    assert out["system"][0]["text"] == "You are an interactive CLI tool." and out["system"][1] == make(3)["system"][1]
     tail = out["messages"][-1]["content"][-1]["text"]
     assert tail == BLOCK_OPEN + "\n" + billing(3) + "\n" + BLOCK_CLOSE
+
+
+def test_a_system_block_that_is_only_the_billing_line_is_left_for_vllm_to_drop() -> None:
+    memory = VolatilityMemory()
+    for i in range(4):
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "fix the bug"}],
+                "system": [{"type": "text", "text": billing(i)}, {"type": "text", "text": STATIC_SYSTEM}]}
+        out, report = normalize(
+            body, surface=MESSAGES, tenant=tenant(), model=model(), memory=memory, opt_out=False, now=NOW
+        )
+        assert report.moved_total == 0 and out["system"][0]["text"] == billing(i)
 
 
 def test_memory_per_tenant_stays_bounded_under_many_learned_templates() -> None:

@@ -50,3 +50,16 @@ def test_skeleton_blanks_the_spans_only() -> None:
 )
 def test_first_sight_presumption(label: str | None, rules: tuple[str, ...], expected: bool) -> None:
     assert presume(label, rules) is expected
+
+
+def test_an_xml_field_line_reads_as_label_and_value() -> None:
+    from datetime import UTC, datetime
+
+    from app.normalize.lines import parse_line
+    from app.normalize.rules import RULES
+
+    text = "  <current_date>2026-12-01T10:11:12Z</current_date>"
+    line = parse_line(text, 0, len(text), frozenset(RULES), datetime(2026, 12, 1, tzinfo=UTC))
+    assert line is not None and line.label == "current date" and line.values == ("2026-12-01T10:11:12Z",)
+    assert parse_line("<cwd>/repo</cwd>", 0, 16, frozenset(RULES), datetime(2026, 12, 1, tzinfo=UTC)) is None
+    assert parse_line("<a>x</b>", 0, 8, frozenset(RULES), datetime(2026, 12, 1, tzinfo=UTC)) is None
