@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from app.api.parse import parse_request, request_id_from
 from app.api.surfaces import SURFACES, Surface
-from app.errors import GatewayError, too_large
+from app.errors import GatewayError, bad_request, too_large
 from app.headers import REQUEST_ID
 from app.pipeline import Gateway, Reply
 
@@ -35,6 +36,11 @@ def internal_error(request_id: str) -> GatewayError:
     """500: an exception the request path did not expect (the log has it under the request id)."""
     return GatewayError(500, f"The gateway failed on this request (request id {request_id}).", type="server_error",
                         code="internal_error")  # fmt: skip
+
+
+def too_deep() -> GatewayError:
+    """400: orjson reads documents up to 1024 levels deep but writes only 255; the gateway must write bodies."""
+    return bad_request("The request body is nested too deeply.", code="invalid_json")
 
 
 def body_timeout(seconds: float) -> GatewayError:
@@ -121,6 +127,9 @@ class InferenceEndpoint:
             return
         except asyncio.CancelledError:
             return
+        except orjson.JSONEncodeError:
+            await send_reply(send, _plain_error(surface, too_deep(), request_id), lambda: None)
+            return
         except Exception:
             log.exception("request %s: parsing failed", request_id)
             await send_reply(send, _plain_error(surface, internal_error(request_id), request_id), lambda: None)
@@ -154,10 +163,15 @@ class InferenceEndpoint:
             cancelled = True
         except OSError:
             ctx.error_type = ctx.error_type or "client_disconnected"
+        except orjson.JSONEncodeError:
+            # A stage re-serializing part of a body orjson could parse but cannot write: the body's fault.
+            ctx.status, ctx.error_type = 400, "invalid_json"
+            await _answer_failure(send, surface, request_id, too_deep(), started=state["started"], done=state["done"])
         except Exception:
             log.exception("request %s: failed on the request path", request_id)
             ctx.status, ctx.error_type = 500, "internal_error"
-            await _answer_failure(send, surface, request_id, started=state["started"], done=state["done"])
+            failure = internal_error(request_id)
+            await _answer_failure(send, surface, request_id, failure, started=state["started"], done=state["done"])
         finally:
             watcher.cancel()
             try:
@@ -166,9 +180,10 @@ class InferenceEndpoint:
                 log.exception("request %s: settling failed", request_id)
 
 
-async def _answer_failure(send: Send, surface: Surface, request_id: str, *, started: bool, done: bool) -> None:
-    """A 500 in the envelope, or the surface's error event to end a stream already under way."""
-    err = internal_error(request_id)
+async def _answer_failure(
+    send: Send, surface: Surface, request_id: str, err: GatewayError, *, started: bool, done: bool
+) -> None:
+    """The error in the envelope, or the surface's error event to end a stream already under way."""
     try:
         if not started:
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)

@@ -227,8 +227,19 @@ class OpenAISurface:
         return rewrite_model(body, served, public)
 
     def upstream_error(self, status: int, body: bytes) -> bytes:
-        """vLLM's 4xx bodies are OpenAI's envelope already: passed through unchanged."""
-        return body
+        """vLLM's own 4xx bodies are OpenAI's envelope already: passed through unchanged. FastAPI's
+        `{"detail": …}` (a route the model does not serve, e.g. /v1/embeddings on a generative model) is put
+        into the envelope."""
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        if not isinstance(doc, dict) or "error" in doc or not isinstance(doc.get("detail"), str):
+            return body
+        if status == 404:
+            return error_body(f"This model's replicas do not serve {self.name}.", "invalid_request_error", None,
+                              "unknown_url")  # fmt: skip
+        return error_body(doc["detail"], "invalid_request_error")
 
     def stream_observer(self, ctx: RequestContext, served: str) -> StreamObserver:
         """OpenAI's chunk observer."""
