@@ -73,7 +73,7 @@ class TenantMemory:
     """One tenant's tables, each an LRU of hashes (no text). Obtain via `VolatilityMemory.for_tenant`."""
 
     __slots__ = (
-        "_capacity", "_forget", "_positional", "_publish", "_shapes", "_shared", "_spans", "_static",
+        "_capacity", "_fingerprints", "_forget", "_positional", "_publish", "_shapes", "_shared", "_spans", "_static",
         "_static_rules", "fingerprint_key",
     )  # fmt: skip
 
@@ -81,6 +81,8 @@ class TenantMemory:
         self._capacity = capacity
         # Keys template keys (scan.fingerprint) so that every gateway process computes the same ones.
         self.fingerprint_key = fingerprint_key
+        # local hash of a template's parts -> its fingerprint (the hash is per process, the fingerprint is not)
+        self._fingerprints: OrderedDict[int, int] = OrderedDict()
         # Shared learning (app/normalize/shared.py): keys other replicas found volatile, read on first sight
         # only; keys this process found volatile by evidence, or found settled again, not yet written to the
         # store. Bounded: the store caps what it hands back, and past `capacity` pending keys wait locally.
@@ -190,6 +192,14 @@ class TenantMemory:
             self._static.clear()
             self._static_rules = rules
         _bounded_put(self._static, text_hash, None, 4 * self._capacity)
+
+    def known_fingerprint(self, local_hash: int) -> int | None:
+        """The fingerprint already computed for a template's parts (by their local hash), if cached."""
+        return self._fingerprints.get(local_hash)
+
+    def add_fingerprint(self, local_hash: int, fingerprint: int) -> None:
+        """Cache a template's fingerprint (bounded like the span table, oldest first)."""
+        _bounded_put(self._fingerprints, local_hash, fingerprint, self._capacity)
 
     def positional(self, text_hash: int) -> bool | None:
         """Cached answer to "does this text refer to a span by position?" (None if not cached)."""

@@ -40,8 +40,8 @@ def fingerprint(fp_key: bytes, learned: bool, slot: object, skeleton: str, prev_
 
     Python's `hash` of a str differs per process (PYTHONHASHSEED), so it cannot name a template across gateway
     replicas; this can, and with the tenant's `fp_key` (derived from the salt secret) a reader of the store
-    cannot confirm a guessed prompt, nor see that two tenants share one. Computed on a full scan only (the
-    shape cache carries the keys on the fast path; short texts are always scanned in full, and are short).
+    cannot confirm a guessed prompt, nor see that two tenants share one. Computed once per template and
+    process: the shape cache carries the keys on the fast path, and `TenantMemory` caches them by local hash.
     """
     data = "\0".join(("L" if learned else "T", repr(slot), skeleton, prev_line, next_line))
     digest = blake2b(data.encode("utf-8", "surrogatepass"), digest_size=8, key=fp_key).digest()
@@ -72,6 +72,7 @@ def find_candidates(
     now: datetime,
     memory: TenantMemory | None = None,
     fp_key: bytes = b"",
+    keys: TenantMemory | None = None,
 ) -> list[Candidate]:
     """Metadata lines in the head of `text` whose spans all match allowed rules (outside protected parts).
 
@@ -106,10 +107,10 @@ def find_candidates(
     lines = [ln for ln in parsed_lines if not in_ranges(ln.start, ranges)]
     if not lines:
         return []
-    return _keyed(text, slot, lines, fp_key)
+    return _keyed(text, slot, lines, fp_key, keys)
 
 
-def _keyed(text: str, slot: object, lines: list[Line], fp_key: bytes) -> list[Candidate]:
+def _keyed(text: str, slot: object, lines: list[Line], fp_key: bytes, keys: TenantMemory | None) -> list[Candidate]:
     """Candidates with their template key (`fingerprint` of slot, skeleton, static neighbours) and value hash.
 
     A learned line with a single pair and no static line around it in its text is dropped (it stays as
@@ -129,7 +130,15 @@ def _keyed(text: str, slot: object, lines: list[Line], fp_key: bytes) -> list[Ca
     out = []
     for ln, (prev_line, next_line) in zip(lines, neighbours, strict=True):
         learned = ln.rules is LEARNED_RULES
-        key = fingerprint(fp_key, learned, slot, ln.skeleton, prev_line, next_line)
+        if keys is None:
+            key = fingerprint(fp_key, learned, slot, ln.skeleton, prev_line, next_line)
+        else:  # a dict lookup by the process's own hash instead of a BLAKE2b per line (short texts: every request)
+            local = hash((learned, slot, ln.skeleton, prev_line, next_line))
+            found = keys.known_fingerprint(local)
+            if found is None:
+                found = fingerprint(keys.fingerprint_key, learned, slot, ln.skeleton, prev_line, next_line)
+                keys.add_fingerprint(local, found)
+            key = found
         if learned:
             key = LearnedKey(key)
         out.append(Candidate(ln.start, ln.end, ln.rules, key, hash(ln.values), ln.label, ln.skeleton, ln.value_start))
@@ -169,7 +178,7 @@ def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, m
     if len(text) < _SMALL_TEXT:
         if _line_rx(allowed).search(text) is None:
             return Scan([], text, [], refers_by_position(text))
-        candidates = find_candidates(text, slot, allowed, now, fp_key=memory.fingerprint_key)
+        candidates = find_candidates(text, slot, allowed, now, keys=memory)
         rest, lines = remove_spans(text, [(c.start, c.end) for c in candidates])
         return Scan(candidates, rest, lines, refers_by_position(rest))
     slot_key = hash(slot)
@@ -180,7 +189,7 @@ def scan_text(text: str, slot: object, allowed: frozenset[str], now: datetime, m
             rest, lines = remove_spans(text, [(c.start, c.end) for c in found])
             if hash(rest) == shape.rest_hash:
                 return Scan(found, rest, lines, shape.refers)
-    candidates = find_candidates(text, slot, allowed, now, memory, memory.fingerprint_key)
+    candidates = find_candidates(text, slot, allowed, now, memory, keys=memory)
     rest, lines = remove_spans(text, [(c.start, c.end) for c in candidates])
     rest_hash = hash(rest)
     refers = memory.positional(rest_hash)
