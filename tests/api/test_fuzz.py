@@ -14,7 +14,6 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.surfaces import SURFACES
@@ -144,9 +143,12 @@ class FastApiNotFound:
 def gw() -> Iterator[httpx.Client]:
     """A gateway in front of a fast sim, and a client for it."""
     sim_app = FastApiNotFound(create_sim_app(SimOptions(model="served-model", time_scale=1000.0)))
-    with serve_in_thread(sim_app) as sim, running_gateway(gateway_config([sim])) as url:
-        with httpx.Client(base_url=url, timeout=20) as client:
-            yield client
+    with (
+        serve_in_thread(sim_app) as sim,
+        running_gateway(gateway_config([sim])) as url,
+        httpx.Client(base_url=url, timeout=20) as client,
+    ):
+        yield client
 
 
 def assert_envelope(path: str, status: int, body: bytes) -> None:
@@ -159,7 +161,7 @@ def assert_envelope(path: str, status: int, body: bytes) -> None:
         assert isinstance(doc["error"]["type"], str), body
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])  # fmt: skip
 @given(request=requests())
 def test_no_body_gets_a_5xx_or_an_error_outside_its_envelope(gw: httpx.Client, request: tuple[str, bytes]) -> None:
