@@ -1,0 +1,410 @@
+"""Three `kvgate serve` processes (A, B, and C with `--workers 2`) on one Redis in front of four `kvgate sim`
+replicas: does a shared prefix reach the same replica from every gateway process, do limits and spend hold
+exactly across them, and is each process's /metrics one coherent set?
+
+Every sim records the x-request-id of each request it serves (the gateway passes the client's id on), so each
+request is attributed to the replica that served it. Phases, all bounded in count:
+  1. affinity, light: 24 long shared prefixes (Zipf popularity) over every gateway, a few in flight;
+  2. affinity, loaded: the same, many in flight, so bounded load spills some requests off their home;
+     with --kill, gateway B is SIGKILLed halfway and the rest of its share goes to A;
+  3. one rpm limit, 3 times its value in one concurrent burst spread over the four processes;
+then spend (Redis, through the admin API) against the sum of x-kvgate-cost-usd, and a /metrics audit.
+
+    .venv/bin/python experiments/multi_gateway.py [--light 240 --loaded 480 --concurrency 48 --kill]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from experiments.procs import free_port, wait_http  # noqa: E402
+
+KVGATE = str(Path(sys.executable).parent / "kvgate")
+SPENDER, LIMITED, ADMIN = "sk-mg-spender", "sk-mg-limited", "sk-mg-admin"
+RPM = 20
+BURSTS = 5  # one fresh tenant per burst: each starts with a whole minute's allowance
+PREFIXES = 24
+TIME_LIMIT_S = 600
+
+
+# --- a sim that remembers who it served ---------------------------------------------------------------
+
+
+def _sim_child(port: int) -> None:
+    """`kvgate sim` (h100-8b) plus GET /_seen: the x-request-ids of the completions it served."""
+    import uvicorn
+
+    from app.sim.options import SimOptions
+    from app.sim.server import create_sim_app
+
+    sim = create_sim_app(SimOptions(model="served", profile="h100-8b", mean_output_tokens=24))
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/_seen":
+            body = ("\n".join(seen)).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+            rid = dict(scope["headers"]).get(b"x-request-id", b"").decode()
+            if rid:
+                seen.append(rid)
+        await sim(scope, receive, send)
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# --- processes ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    sims: list[str]
+    gateways: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]]
+    redis_url: str
+    prefix: str
+    workdir: Path
+    logs: list[Any] = field(default_factory=list)
+
+
+def _spawn(stack: Stack, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    log = (stack.workdir / f"{name}.log").open("wb")
+    stack.logs.append(log)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    stack.procs[name] = proc
+    return proc
+
+
+def _gateway_config(sims: list[str], redis_url: str, prefix: str, load_bound: float, timeout: float) -> dict[str, Any]:
+    return {
+        "listen": {"host": "127.0.0.1", "drain_s": 5, "drain_notice_s": 0.2},
+        "store": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": timeout},
+        "models": [{"name": "m", "pools": ["main"]}],
+        "pools": {"main": {"role": "interactive", "served_model": "served", "replicas": sims,
+                           "policy": {"type": "prefix_affinity", "load_bound": load_bound},
+                           "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4}}},
+        "tenants": [
+            {"id": "spender", "api_keys": [SPENDER], "limits": {"rpm": 1_000_000}},
+            *({"id": f"limited{k}", "api_keys": [f"{LIMITED}-{k}"], "limits": {"rpm": RPM}} for k in range(BURSTS)),
+        ],
+        "auth": {"required": True, "admin_keys": [ADMIN]},
+        "routing": {"probe_interval_s": 0.5},
+    }  # fmt: skip
+
+
+def start(workdir: Path, redis_url: str | None, load_bound: float, timeout: float) -> Stack:
+    stack = Stack([], {}, {}, redis_url or "", f"kvgate-mg:{uuid.uuid4().hex[:8]}:", workdir)
+    if not redis_url:
+        port = free_port()
+        _spawn(stack, "redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", str(workdir)])  # fmt: skip
+        stack.redis_url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+    for i in range(4):
+        port = free_port()
+        _spawn(stack, f"sim{i}", [sys.executable, __file__, "--_sim", str(port)])
+        stack.sims.append(f"http://127.0.0.1:{port}")
+    for i, url in enumerate(stack.sims):
+        wait_http(url + "/health", 60, stack.procs[f"sim{i}"])
+    cfg = workdir / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump(_gateway_config(stack.sims, stack.redis_url, stack.prefix, load_bound, timeout)))
+    for name, extra in (("A", []), ("B", []), ("C", ["--workers", "2"])):
+        port = free_port()
+        _spawn(stack, f"gw{name}", [KVGATE, "serve", "--config", str(cfg), "--port", str(port), *extra])
+        stack.gateways[name] = f"http://127.0.0.1:{port}"
+    for name, url in stack.gateways.items():
+        wait_http(url + "/ready", 120, stack.procs[f"gw{name}"])
+    return stack
+
+
+def stop(stack: Stack) -> None:
+    for name, proc in stack.procs.items():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM if name.startswith("gw") else signal.SIGINT)
+    for proc in stack.procs.values():
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    for log in stack.logs:
+        log.close()
+
+
+# --- traffic ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    rid: str
+    prefix: int
+    gateway: str
+    status: int
+    pick: str = ""
+    cost: Decimal = Decimal(0)
+
+
+def _messages(prefix: int, i: int) -> list[dict[str, str]]:
+    system = f"You are support agent {prefix} of ACME. " + f"Rule {prefix}: answer briefly and exactly. " * 60
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}: order #{1000 + i}?"}]
+
+
+class Clients:
+    """openai clients per gateway; C's opens a new connection per request so both of its workers take some."""
+
+    def __init__(self, stack: Stack, key: str) -> None:
+        self.by_name: dict[str, openai.AsyncOpenAI] = {}
+        for name, url in stack.gateways.items():
+            limits = httpx.Limits(max_keepalive_connections=0) if name == "C" else httpx.Limits()
+            self.by_name[name] = openai.AsyncOpenAI(
+                base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60,
+                http_client=httpx.AsyncClient(limits=limits, timeout=60),
+            )  # fmt: skip
+
+    async def close(self) -> None:
+        for c in self.by_name.values():
+            await c.close()
+
+
+async def affinity(stack: Stack, n: int, concurrency: int, rng: random.Random, kill_at: int | None) -> list[Outcome]:
+    clients = Clients(stack, SPENDER)
+    weights = [1 / (k + 1) for k in range(PREFIXES)]  # Zipf: a few hot prefixes, a long tail
+    plan = [(rng.choices(range(PREFIXES), weights)[0], "ABC"[i % 3]) for i in range(n)]
+    sem = asyncio.Semaphore(concurrency)
+    dead: set[str] = set()
+    out: list[Outcome] = []
+    started = 0
+
+    async def one(i: int, prefix: int, gateway: str) -> None:
+        nonlocal started
+        async with sem:
+            started += 1
+            if kill_at is not None and started == kill_at and "B" not in dead:
+                dead.add("B")
+                stack.procs["gwB"].kill()  # SIGKILL mid-run: its in-flight requests die with it
+            gw = "A" if gateway in dead else gateway
+            rid = f"mg-{uuid.uuid4().hex[:12]}"
+            try:
+                raw = await clients.by_name[gw].chat.completions.with_raw_response.create(
+                    model="m", messages=_messages(prefix, i), max_tokens=rng.randint(8, 32),  # type: ignore[arg-type]
+                    extra_headers={"x-request-id": rid},
+                )  # fmt: skip
+            except (openai.APIConnectionError, openai.APIStatusError) as err:
+                status = getattr(err, "status_code", 0) or 0
+                out.append(Outcome(rid, prefix, gw, status))
+                return
+            route = dict(p.split("=", 1) for p in raw.headers.get("x-kvgate-route", "").split(";") if "=" in p)
+            out.append(Outcome(rid, prefix, gw, 200, route.get("pick", ""), Decimal(raw.headers["x-kvgate-cost-usd"])))
+
+    await asyncio.gather(*(one(i, p, g) for i, (p, g) in enumerate(plan)))
+    await clients.close()
+    return out
+
+
+async def limit_burst(stack: Stack, k: int) -> tuple[collections.Counter[int], collections.Counter[str]]:
+    clients = Clients(stack, f"{LIMITED}-{k}")
+    live = [n for n in stack.gateways if stack.procs[f"gw{n}"].poll() is None]
+
+    async def one(i: int) -> int:
+        try:
+            raw = await clients.by_name[live[i % len(live)]].chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=2
+            )
+        except openai.RateLimitError:
+            return 429
+        except openai.APIError:
+            return 0
+        # Fail-open: a store call that timed out serves the request unenforced and says so.
+        return -200 if "unenforced" in raw.headers.get("x-kvgate-limit", "") else 200
+
+    codes = await asyncio.gather(*(one(i) for i in range(3 * RPM)))
+    await clients.close()
+    return collections.Counter(codes), collections.Counter(live[i % len(live)] for i in range(3 * RPM))
+
+
+def served_by(stack: Stack) -> dict[str, int]:
+    owner: dict[str, int] = {}
+    for i, url in enumerate(stack.sims):
+        for rid in httpx.get(url + "/_seen", timeout=10).text.split():
+            owner[rid] = i
+    return owner
+
+
+def agreement(outcomes: list[Outcome], owner: dict[str, int]) -> dict[str, float]:
+    """How often a prefix reached the same replica from every gateway process.
+
+    A prefix's home is the replica its `prefix_home` picks went to (rendezvous hashing: the same from every
+    process that sees the same replicas). Reported: the share of `prefix_home` picks on that home (determinism
+    across processes, should be 100 %), the share of all requests on it (what bounded-load spills cost), and
+    the share of prefixes whose home was the same from every gateway that made a home pick for it.
+    """
+    ok = [o for o in outcomes if o.status == 200 and o.rid in owner]
+    homes: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    per_gw: dict[int, dict[str, collections.Counter[int]]] = collections.defaultdict(dict)
+    for o in ok:
+        if o.pick == "prefix_home":
+            homes[o.prefix][owner[o.rid]] += 1
+            per_gw[o.prefix].setdefault(o.gateway, collections.Counter())[owner[o.rid]] += 1
+    home = {p: c.most_common(1)[0][0] for p, c in homes.items()}
+    home_picks = [o for o in ok if o.pick == "prefix_home"]
+    with_home = [o for o in ok if o.prefix in home]
+    multi = [p for p, g in per_gw.items() if len(g) >= 2]
+    same = sum(1 for p in multi if len({c.most_common(1)[0][0] for c in per_gw[p].values()}) == 1)
+    return {
+        "requests": len(ok),
+        "home_picks_on_home_pct": 100
+        * sum(owner[o.rid] == home[o.prefix] for o in home_picks)
+        / max(len(home_picks), 1),
+        "on_home_pct": 100 * sum(owner[o.rid] == home[o.prefix] for o in with_home) / max(len(with_home), 1),
+        "spilled_pct": 100 * sum(o.pick == "prefix_bounded_spill" for o in ok) / max(len(ok), 1),
+        "prefixes_same_home_pct": 100 * same / max(len(multi), 1),
+        "prefixes": len(multi),
+        "errors": sum(1 for o in outcomes if o.status != 200),
+    }
+
+
+def metrics_audit(stack: Stack, sent: dict[str, int]) -> list[tuple[str, str, str, str]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows = []
+    for name, url in stack.gateways.items():
+        if stack.procs[f"gw{name}"].poll() is not None:
+            rows.append((name, "killed", "-", "-"))
+            continue
+        coherent, workers, total = True, set(), 0.0
+        for _ in range(4):
+            text = httpx.get(url + "/metrics", headers={"connection": "close"}, timeout=10).text
+            types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+            coherent &= len(types) == len(set(types))
+            total = 0.0
+            for fam in text_string_to_metric_families(text):
+                for s in fam.samples:
+                    workers.add(s.labels.get("worker", "-"))
+                    if fam.name == "gateway_requests" and s.name.endswith("_total"):
+                        total += s.value
+        rows.append((name, "yes" if coherent else "NO", ",".join(sorted(workers)), f"{total:.0f} / {sent[name]}"))
+    return rows
+
+
+async def spend_check(stack: Stack, outcomes: list[Outcome]) -> tuple[Decimal, Decimal, int, int]:
+    header_sum = sum((o.cost for o in outcomes if o.status == 200), Decimal(0))
+    live = next(u for n, u in stack.gateways.items() if stack.procs[f"gw{n}"].poll() is None)
+    ok = sum(1 for o in outcomes if o.status == 200)
+    async with httpx.AsyncClient(base_url=live, headers={"authorization": f"Bearer {ADMIN}"}) as http:
+        for _ in range(100):
+            total = (await http.get("/admin/tenants/spender/usage?days=1")).json()["total"]
+            if total["requests"] >= ok:
+                break
+            await asyncio.sleep(0.1)
+    return header_sum, Decimal(total["usd_micros"]) / 1_000_000, ok, int(total["requests"])
+
+
+async def run(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="kvgate-mg-"))
+    rng = random.Random(args.seed)
+    t0 = time.monotonic()
+    stack = start(workdir, args.redis_url, args.load_bound, args.store_timeout)
+    try:
+        print(f"stack up in {time.monotonic() - t0:.1f} s: sims {len(stack.sims)}, gateways "
+              + ", ".join(f"{n} {u}" for n, u in stack.gateways.items()))  # fmt: skip
+        light = await asyncio.wait_for(affinity(stack, args.light, 3, rng, None), TIME_LIMIT_S)
+        kill_at = args.loaded // 2 if args.kill else None
+        loaded = await asyncio.wait_for(affinity(stack, args.loaded, args.concurrency, rng, kill_at), TIME_LIMIT_S)
+        owner = served_by(stack)
+        bursts = [await asyncio.wait_for(limit_burst(stack, k), 120) for k in range(BURSTS)]
+        burst_sent = sum((b[1] for b in bursts), collections.Counter())
+        header_sum, stored, ok, stored_n = await spend_check(stack, light + loaded)
+        sent = collections.Counter(o.gateway for o in light + loaded) + burst_sent
+        audit = metrics_audit(stack, {n: sent.get(n, 0) for n in stack.gateways})
+    finally:
+        stop(stack)
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    print(f"\n## Same prefix, same replica (4 sims, prefix_affinity, load_bound {args.load_bound})\n")
+    print(
+        "| phase | in flight | requests | prefix_home picks on the prefix's home | all requests on the home "
+        "| spilled by bounded load | prefixes with one home from every gateway | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for label, conc, phase in (("light", 3, light), ("loaded", args.concurrency, loaded)):
+        r = agreement(phase, owner)
+        print(
+            f"| {label} | {conc} | {r['requests']} | {r['home_picks_on_home_pct']:.1f} % | {r['on_home_pct']:.1f} % "
+            f"| {r['spilled_pct']:.1f} % | {r['prefixes_same_home_pct']:.0f} % of {r['prefixes']} | {r['errors']} |"
+        )
+    print(f"\n(store.socket_timeout_s {args.store_timeout})")
+    print(f"\n## One rpm limit ({RPM}/min) across the gateway processes: {3 * RPM} requests at once, {BURSTS} times\n")
+    for k, (burst, _) in enumerate(bursts):
+        passed = burst.get(200, 0) + burst.get(-200, 0)
+        print(
+            f"burst {k}: 200 {passed} (of which unenforced, the store timed out and fail_mode open served it: "
+            f"{burst.get(-200, 0)}), 429 {burst.get(429, 0)}, other {burst.get(0, 0)} "
+            f"-> {'exact' if passed == RPM else 'NOT exact'}"
+        )
+    print("\n## Spend (tenant spender)\n")
+    print(
+        f"sum of x-kvgate-cost-usd over {ok} answered requests: {header_sum:.6f} USD; "
+        f"in Redis: {stored:.6f} USD over {stored_n} requests; difference {stored - header_sum:+.6f} USD"
+    )
+    if args.kill:
+        print("(B was SIGKILLed mid-run: requests it settled but could not answer are in Redis without a header)")
+    print("\n## /metrics per process (4 scrapes each, new connection each)\n")
+    print("| gateway | each family once | worker labels | gateway_requests_total / requests sent |")
+    print("|---|---|---|---|")
+    for row in audit:
+        print("| " + " | ".join(row) + " |")
+    print(f"\ntotal {time.monotonic() - t0:.0f} s")
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--_sim":
+        _sim_child(int(sys.argv[2]))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--light", type=int, default=240, help="requests in the light phase (3 in flight)")
+    p.add_argument("--loaded", type=int, default=480, help="requests in the loaded phase")
+    p.add_argument("--concurrency", type=int, default=48, help="in flight in the loaded phase")
+    p.add_argument("--kill", action="store_true", help="SIGKILL gateway B halfway through the loaded phase")
+    p.add_argument("--redis-url", help="an existing Redis (keys under a fresh prefix); default: a throwaway one")
+    p.add_argument("--seed", type=int, default=14)
+    p.add_argument("--store-timeout", type=float, default=0.25, help="store.socket_timeout_s (the default: 0.25)")
+    p.add_argument("--load-bound", type=float, default=1.25, help="prefix_affinity's c (routing.load_bound's default)")
+    p.add_argument("--keep", action="store_true", help="keep the logs folder")
+    args = p.parse_args()
+    if not args.redis_url and shutil.which("redis-server") is None:
+        sys.exit("needs redis-server or --redis-url")
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
