@@ -150,6 +150,8 @@ class ArmRun:
     peaks: list[dict[str, int]]
     samples: list[tuple[float, list[int]]]
     gateway: dict[str, float] = field(default_factory=dict)
+    preemptions: list[float] = field(default_factory=list)
+    queue_ms: list[float | None] = field(default_factory=list)
     kill_s: float | None = None
     back_s: float | None = None
     wall_s: float = 0.0
@@ -158,7 +160,7 @@ class ArmRun:
 
 async def _sample(urls: list[str], stop: asyncio.Event, t0: float, into: list[tuple[float, list[int]]],
                   every_s: float) -> None:
-    """Each replica's waiting count (running+waiting in a second list slot) every `every_s` real seconds."""
+    """Per replica (waiting, running, cumulative step lateness in ms) every `every_s` real seconds."""
     async with httpx.AsyncClient(timeout=1.0) as client:
         while not stop.is_set():
             scraped = await asyncio.gather(*(ascrape(client, u) for u in urls))
@@ -166,13 +168,15 @@ async def _sample(urls: list[str], stop: asyncio.Event, t0: float, into: list[tu
             for s in scraped:
                 row.append(int(metric_sum(s, "vllm:num_requests_waiting")) if s else -1)
                 row.append(int(metric_sum(s, "vllm:num_requests_running")) if s else -1)
+                row.append(int(1000 * metric_sum(s, "kvgate_sim_step_lateness_seconds")) if s else -1)
             into.append((time.perf_counter() - t0, row))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every_s)
 
 
 _COUNTERS = ("vllm:request_success_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-             "kvgate_sim_step_lateness_seconds")
+             "kvgate_sim_step_lateness_seconds", "vllm:num_preemptions_total", "vllm:request_queue_time_seconds_sum",
+             "vllm:request_queue_time_seconds_count")
 
 
 def _counts(sample: dict[str, float]) -> dict[str, float]:
@@ -221,25 +225,34 @@ async def run_arm(arm: str, front: Proc, sims: list[Sim], spec: BenchSpec, args:
         gw = {k: v for k, v in scrape(front.url).items()
               if k.startswith(("gateway_route_decisions_total", "gateway_kv_events")) and v}
     late = sum(delta(u, "kvgate_sim_step_lateness_seconds") for u in urls) / max(wall * len(urls), 1e-9)
-    peaks = [{"waiting": max((row[2 * i] for _, row in samples), default=0),
-              "running": max((row[2 * i + 1] for _, row in samples), default=0)} for i in range(len(urls))]
+    peaks = [{"waiting": max((row[3 * i] for _, row in samples), default=0),
+              "running": max((row[3 * i + 1] for _, row in samples), default=0)} for i in range(len(urls))]
+    def queue_ms(u: str) -> float | None:
+        n = delta(u, "vllm:request_queue_time_seconds_count")
+        return 1000 * delta(u, "vllm:request_queue_time_seconds_sum") / n if n else None
+
     return ArmRun(arm, result, [delta(u, "vllm:request_success_total") for u in urls],
                   sum(delta(u, "vllm:prefix_cache_hits_total") for u in urls),
                   sum(delta(u, "vllm:prefix_cache_queries_total") for u in urls), peaks, samples, gw,
+                  [delta(u, "vllm:num_preemptions_total") for u in urls], [queue_ms(u) for u in urls],
                   times.get("kill"), times.get("back"), wall, late)
 
 
 def summarize_tail(run: ArmRun, ts: float) -> list[dict[str, Any]]:
-    """The slowest 1% of TTFTs with their start time (modeled s) and each replica's queue at that moment."""
+    """The slowest 1% of TTFTs (at least 5) with their start (modeled s), each replica's queue then, and how late
+    each sim's engine loop ran (real ms) over the request's first second."""
     ok = [r for r in run.bench.records if r.ok and r.ttft_s is not None and not r.warmup]
     ok.sort(key=lambda r: r.ttft_s or 0.0, reverse=True)
     out = []
-    for r in ok[: max(3, len(ok) // 100)]:
-        start_real = r.start_s / ts if ts else r.start_s  # records are in modeled time; samples in real time
-        row = min(run.samples, key=lambda s: abs(s[0] - start_real))[1] if run.samples else []
+    for r in ok[: max(5, len(ok) // 100)]:
+        start_real = r.start_s / ts  # records are in modeled time; samples in real time
+        i = min(range(len(run.samples)), key=lambda j: abs(run.samples[j][0] - start_real)) if run.samples else -1
+        row = run.samples[i][1] if i >= 0 else []
+        later = next((s[1] for s in run.samples[i:] if s[0] >= start_real + 1.0), run.samples[-1][1]) if i >= 0 else []
+        late = [later[k] - row[k] for k in range(2, len(row), 3)] if row and later else []
         out.append({"ttft_ms": round((r.ttft_s or 0.0) * 1000, 1), "start_s": round(r.start_s, 2),
                     "tenant": r.tenant, "turn": r.turn, "prompt": r.prompt_tokens, "cached": r.cached_tokens,
-                    "waiting_per_replica": row[0::2], "running_per_replica": row[1::2]})
+                    "waiting": row[0::3], "running": row[1::3], "sim_late_ms_next_1s": late})
     return out
 
 
@@ -256,9 +269,13 @@ def to_json(run: ArmRun, args: argparse.Namespace) -> dict[str, Any]:
         "ttft_p50": s.ttft_ms.p50, "ttft_p99": s.ttft_ms.p99, "tpot_p50": s.tpot_ms.p50,
         "tokens_per_s": s.total_tokens_per_s, "errors": s.errors, "n": s.requests,
         "per_replica": run.per_replica, "peaks": run.peaks, "gateway": run.gateway,
+        "preemptions": run.preemptions, "queue_ms": run.queue_ms,
         "kill_s": run.kill_s * ts if run.kill_s is not None else None,
         "back_s": run.back_s * ts if run.back_s is not None else None,
         "wall_s": run.wall_s, "lateness": run.lateness, "tail": summarize_tail(run, ts),
+        # start (modeled s), TTFT ms, prompt, cached, ok: enough to redo any percentile or plot the tail in time
+        "records": [[round(r.start_s, 3), round((r.ttft_s or 0.0) * 1000, 1), r.prompt_tokens, r.cached_tokens,
+                     int(r.ok)] for r in run.bench.records],
     }
 
 
@@ -358,6 +375,10 @@ def table(args: argparse.Namespace) -> None:
                 f"{'/'.join(f'{n:.0f}' for n in r['per_replica']):>15s}" for r in sel))
             print(f"{'peak waiting per replica':26s} " + " ".join(
                 f"{'/'.join(str(p['waiting']) for p in r['peaks']):>15s}" for r in sel))
+            print(f"{'preemptions per replica':26s} " + " ".join(
+                f"{'/'.join(f'{n:.0f}' for n in r.get('preemptions', [])):>15s}" for r in sel))
+            print(f"{'mean queue ms per replica':26s} " + " ".join(
+                f"{'/'.join(_f(q, 0) for q in r.get('queue_ms', [])):>15s}" for r in sel))
             print(f"{'sim lateness':26s} " + " ".join(f"{100 * r['lateness']:>14.1f}%" for r in sel))
     if args.tails:
         for r in rows:
