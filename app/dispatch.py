@@ -259,6 +259,6 @@ class Dispatcher:
                 ctx.surface.read_reply(doc, ctx)
             body = ctx.surface.public_body(body, served, ctx.model)
             ctx.timing.first_token = ctx.timing.end
-        else:
-            body = ctx.surface.upstream_error(resp.status, body)
-        return Complete(resp.status, body, resp.content_type)
+            return Complete(resp.status, body, resp.content_type)
+        # Error bodies leave in the surface's JSON envelope, whatever the upstream's own type was.
+        return Complete(resp.status, ctx.surface.upstream_error(resp.status, body), "application/json")

@@ -69,6 +69,7 @@ def parse_line(
 ) -> Line | None:
     """The line `text[line_start:line_end]` as a metadata line, or None if it is prose or a payload."""
     value_end = line_start + len(text[line_start:line_end].rstrip(" \t\r"))
+    label: str | None
     tagged = _xml_field(text, line_start, value_end)
     if tagged is not None:
         label, value_start, value_end = tagged
