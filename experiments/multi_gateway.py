@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2  # the openai SDK's own HTTP client package
 import openai
 import yaml
 
@@ -183,10 +184,10 @@ class Clients:
     def __init__(self, stack: Stack, key: str) -> None:
         self.by_name: dict[str, openai.AsyncOpenAI] = {}
         for name, url in stack.gateways.items():
-            limits = httpx.Limits(max_keepalive_connections=0) if name == "C" else httpx.Limits()
+            limits = httpx2.Limits(max_keepalive_connections=0) if name == "C" else httpx2.Limits()
             self.by_name[name] = openai.AsyncOpenAI(
                 base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60,
-                http_client=httpx.AsyncClient(limits=limits, timeout=60),
+                http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=60),
             )  # fmt: skip
 
     async def close(self) -> None:
@@ -300,17 +301,21 @@ def metrics_audit(stack: Stack, sent: dict[str, int]) -> list[tuple[str, str, st
             rows.append((name, "killed", "-", "-"))
             continue
         coherent, workers, total = True, set(), 0.0
+        per_worker: collections.Counter[str] = collections.Counter()
         for _ in range(4):
             text = httpx.get(url + "/metrics", headers={"connection": "close"}, timeout=10).text
             types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
             coherent &= len(types) == len(set(types))
-            total = 0.0
+            total, per_worker = 0.0, collections.Counter()
             for fam in text_string_to_metric_families(text):
                 for s in fam.samples:
                     workers.add(s.labels.get("worker", "-"))
                     if fam.name == "gateway_requests" and s.name.endswith("_total"):
                         total += s.value
-        rows.append((name, "yes" if coherent else "NO", ",".join(sorted(workers)), f"{total:.0f} / {sent[name]}"))
+                        per_worker[s.labels.get("worker", "-")] += int(s.value)
+        split = " + ".join(f"{per_worker[w]}" for w in sorted(per_worker)) if len(per_worker) > 1 else ""
+        rows.append((name, "yes" if coherent else "NO", ",".join(sorted(workers)),
+                     f"{total:.0f} / {sent[name]}" + (f" (by worker: {split})" if split else "")))  # fmt: skip
     return rows
 
 
