@@ -1,6 +1,6 @@
 """`kvgate serve --workers N`: refused without a shared store; one port served by N processes that enforce one
 limit through Redis; one /metrics holding every worker's series (labelled `worker`, each family once, accepted
-by promtool); a crashed worker replaced; SIGTERM drains and exits 0."""
+by promtool); a crashed worker replaced; SIGTERM drains (a stream open at the signal ends whole) and exits 0."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from tests.servers import free_port
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 KEY, RPM = "sk-workers", 10
+KEY2 = "sk-workers-streamer"
 
 
 def config(sim: str, store: dict[str, Any] | None) -> dict[str, Any]:
@@ -38,7 +39,8 @@ def config(sim: str, store: dict[str, Any] | None) -> dict[str, Any]:
         "models": [{"name": "m", "pools": ["main"]}],
         "pools": {"main": {"role": "interactive", "served_model": "served", "replicas": [sim],
                            "price": {"input_per_m": 0.8, "output_per_m": 2.4}}},
-        "tenants": [{"id": "limited", "api_keys": [KEY], "limits": {"rpm": RPM}}],
+        "tenants": [{"id": "limited", "api_keys": [KEY], "limits": {"rpm": RPM}},
+                    {"id": "streamer", "api_keys": [KEY2]}],
         "listen": {"drain_s": 5, "drain_notice_s": 0.2},
     }  # fmt: skip
 
@@ -121,7 +123,8 @@ def two_workers(
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     prefix = f"kvgate-workers:{uuid.uuid4().hex[:8]}:"
     workdir = tmp_path_factory.mktemp("workers")
-    with running_sim(model="served", time_scale=50.0, profile="h100-8b") as sim:
+    # Real-time h100-8b steps: a 300-token stream lasts seconds, long enough to be open across a SIGTERM.
+    with running_sim(model="served", time_scale=1.0, profile="h100-8b") as sim:
         path = workdir / "gw.yaml"
         path.write_text(yaml.safe_dump(config(sim, {"url": redis_url, "key_prefix": prefix})))
         port = free_port()
@@ -200,7 +203,17 @@ def test_a_killed_worker_is_replaced_then_sigterm_drains_all(two_workers: tuple[
     else:
         raise AssertionError("the killed worker was not replaced")
     assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    # A stream open when the supervisor gets SIGTERM runs to its end: every worker drains, none is cut.
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY2, max_retries=0, timeout=60)
+    stream = sdk.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "tell a long story"}], max_tokens=300, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = iter(stream)
+    next(chunks)
     proc.send_signal(signal.SIGTERM)
+    rest = list(chunks)
+    assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == 300
     assert proc.wait(timeout=30) == 0
     assert not _children(proc.pid)
 
