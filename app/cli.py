@@ -158,9 +158,16 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as err:
         _print_problems(err)
         return 2
-    pools = ", ".join(f"{n} ({p.role}, {len(p.replicas)} replica(s))" for n, p in cfg.pools.items())
+    pools = ", ".join(f"{n} ({p.role}, {_replicas_said(p)})" for n, p in cfg.pools.items())
     print(f"ok: {len(cfg.models)} model(s), pools: {pools}, {len(cfg.tenants)} tenant(s)")
     return 0
+
+
+def _replicas_said(pool: Any) -> str:
+    d = pool.discovery
+    if d is None:
+        return f"{len(pool.replicas)} replica(s)"
+    return f"replicas from dns {d.dns}" if d.dns else f"replicas from endpointslices {d.kubernetes.label_selector}"
 
 
 def _print_problems(err: ConfigError) -> None:
