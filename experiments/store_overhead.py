@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
+from app.api.surfaces import CHAT
 from app.config import parse_config
 from app.context import RequestContext, RouteDecision, Usage
 from app.limits import Limiter
@@ -69,7 +70,8 @@ BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "system", "content
 
 
 def ctx() -> RequestContext:
-    c = RequestContext(uuid.uuid4().hex, "chat", "/v1/chat/completions", dict(BODY), "m", False, False, {})
+    c = RequestContext(uuid.uuid4().hex, CHAT, "/v1/chat/completions", dict(BODY), "m", False, False, {})
+    c.prompt = CHAT.view(c.body)  # the parse stage's prompt view: what limits' token estimate reads
     c.route = RouteDecision("fast", "http://127.0.0.1:9", "round_robin", "bench")
     c.usage = Usage(250, 64, 200, True)
     c.cost_usd = 0.000123
