@@ -13,6 +13,11 @@ Failure model (the store turns these into StoreUnavailable and its cool-off):
 - Redis answers with an error reply: `RespError` (for that command only; the connection stays).
 The next command after a drop opens a new connection. Nothing is retried here: a command that may
 have run (timeout, drop after sending) must not silently run twice.
+
+Measured (experiments/store_overhead.py: auth + admit + settle with every limit set, two scripts per
+request; 2026-12-01, machine loaded): CPU added over the in-memory store per request +83 µs sequentially
+and +31 µs at 32 concurrent requests, against +314 / +248 µs through redis-py's pool; this client's CPU
+per request is 0.39x / 0.30x redis-py's.
 """
 
 from __future__ import annotations
