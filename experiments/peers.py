@@ -27,6 +27,7 @@ otherwise experiments/overhead.py's aiohttp loop. LiteLLM comes from its own ven
     apt-get install wrk   # optional, recommended: a C load generator
     .venv/bin/python experiments/peers.py [--seconds 6] [--concurrency 64] [--repeats 3] [--json samples.json]
         [--surfaces chat,responses,messages] [--modes non-stream,stream-16,stream-128]
+        [--compare-checkout /tmp/kv-before [--compare-drop-anonymous-keys]]   # before/after in one run
 """
 
 from __future__ import annotations
@@ -309,6 +310,22 @@ def start_proxies(args: argparse.Namespace, upstream: Proc, tmp: Path, procs: di
         path.write_text(yaml.safe_dump(cfg))
         procs[variant] = start_server([PY, "-m", "app.cli", "serve", "--config", str(path), "--port", str(port)],
                                       port, PROXY_CORE, tmp / f"{variant}.log")
+    if args.compare_checkout:
+        # The same variants from another checkout (e.g. a `git worktree` of an older commit), interleaved with
+        # these in every repeat, so a neighbour's load hits both alike. Its `app` package is imported first.
+        other = str(args.compare_checkout.resolve())
+        boot = (f"import sys; sys.path[:0] = [{other!r}]; import app; assert app.__file__.startswith({other!r}); "
+                "from app.cli import main; sys.exit(main())")
+        for variant in args.variants.split(","):
+            port = free_port()
+            cfg = gateway_config(upstream.url, variant)
+            if args.compare_drop_anonymous_keys:
+                cfg["auth"].pop("anonymous_keys", None)  # type: ignore[attr-defined]
+            path = tmp / f"{variant}@compare.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            procs[f"{variant}@{args.compare_checkout.name}"] = start_server(
+                [PY, "-c", boot, "serve", "--config", str(path), "--port", str(port)], port, PROXY_CORE,
+                tmp / f"{variant}@compare.log")
     if not args.no_litellm:
         exe = LITELLM_VENV / "bin/litellm"
         if not exe.exists():
@@ -375,6 +392,10 @@ def main() -> int:
     ap.add_argument("--surfaces", default=",".join(SURFACES),
                     help="chat, responses, messages (the last two on the pass-through and kvgate only)")
     ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--compare-checkout", type=Path,
+                    help="also run the kvgate variants from this checkout (chat only), named <variant>@<dir name>")
+    ap.add_argument("--compare-drop-anonymous-keys", action="store_true",
+                    help="leave auth.anonymous_keys out of the compared checkout's config (commits before it existed)")
     ap.add_argument("--loader", choices=["wrk", "python"], default="wrk" if shutil.which("wrk") else "python")
     ap.add_argument("--json", type=Path, help="write every sample here")
     args = ap.parse_args()
@@ -400,7 +421,7 @@ def main() -> int:
             for mode in (modes if "chat" in surfaces else []) + agent_modes:
                 bench.measure("upstream", None, upstream.url, mode)
                 for name, proc in procs.items():
-                    if name != "litellm" or split_mode(mode)[0] == "chat":
+                    if (name != "litellm" and "@" not in name) or split_mode(mode)[0] == "chat":
                         bench.measure(name, proc, proc.url, mode)
     finally:
         for proc in procs.values():
@@ -413,7 +434,7 @@ def main() -> int:
     if "chat" in surfaces:
         print(table(bench, list(procs), modes))
     if agent_modes:
-        agents = [n for n in procs if n != "litellm"]
+        agents = [n for n in procs if n != "litellm" and "@" not in n]
         print("\nAgent surfaces (Responses, Anthropic Messages), same proxies and modes:\n")
         print(table(bench, agents, agent_modes))
         if "chat" in surfaces:
