@@ -43,7 +43,7 @@ from app.store.base import (
     StoreUnavailable,
 )
 from app.store.redis_scripts import ADMIT, ADMIT_KEYS, SETTLE, SETTLE_KEYS
-from app.store.resp import RespAddress, RespClient, RespError, ScriptCall
+from app.store.resp import RespAddress, RespClient, RespError, ScriptCall, encode_command
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -289,8 +289,21 @@ class RedisStore:
         return None if value is None else str(value)
 
     async def remember(self, name: str, value: str, ttl_s: float) -> None:
-        """SET with an expiry: any gateway replica can read it back."""
-        await self._call(self._r.set(f"{self._p}fact:{name}", value, px=max(int(ttl_s * 1000), 1)))
+        """SET with an expiry: any gateway replica can read it back (on the pipelined connection: it runs
+        once per Responses request, and through redis-py it cost as much CPU as the limiter's settle)."""
+        key, px = f"{self._p}fact:{name}", max(int(ttl_s * 1000), 1)
+        fast = self._fast
+        if fast is None:
+            await self._call(self._r.set(key, value, px=px))
+            return
+        self._check_up()
+        try:
+            await fast.execute(encode_command("SET", key, value, "PX", px))
+        except _DOWN_ERRORS as err:
+            raise self._down(err) from err
+        except RespError as err:
+            raise self._server_error(err) from err
+        self._down_until = 0.0
 
     async def recall(self, name: str) -> str | None:
         """GET a remembered fact."""
