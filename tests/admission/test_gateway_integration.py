@@ -195,7 +195,10 @@ def test_every_path_releases_its_slot_exactly_once() -> None:
         with httpx.stream("POST", f"{base}/v1/chat/completions", json={
             "model": PUBLIC_MODEL, "messages": MESSAGES, "max_tokens": LONG, "stream": True, "ignore_eos": True,
         }, timeout=10) as r:  # fmt: skip
-            next(r.iter_lines())
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for _ in range(6):  # keep reading: a client that stops reading is soon taken for gone
+                next(lines)
             assert queue.in_flight == 1
         wait_for(lambda: idle(queue))
         # a request refused before any upstream call (unknown model) never took a slot
