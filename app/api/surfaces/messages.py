@@ -7,7 +7,6 @@ answers body-validation errors in OpenAI's envelope and its handler errors with 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +14,7 @@ import orjson
 
 from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
 from app.api.surfaces.openai import rewrite_model
-from app.api.surfaces.sse import ModelRewrite, event_doc, event_parts, named_event
+from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 from app.context import Operation, RequestContext, Usage
 from app.errors import GatewayError, bad_request
 from app.normalize.placement import TailPlacement, render_block
@@ -77,25 +76,15 @@ def _block_chars(content: Any) -> int:
     return chars
 
 
-class MessagesObserver:
+class MessagesObserver(NamedEventObserver):
     """Relays Messages events untouched but for the model name; message_delta's usage is final."""
-
-    __slots__ = ("_ctx", "_model", "delivered", "done")
-
-    def __init__(self, ctx: RequestContext, served: str) -> None:
-        self._ctx = ctx
-        self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
-        self.done = False
-        self.delivered = 0
 
     def observe(self, event: bytes) -> bytes | None:
         """Account for one event: id and prompt size at message_start, output and cache at message_delta."""
         ctx = self._ctx
         name, data = event_parts(event)
         if name == b"content_block_delta":
-            self.delivered += 1
-            if not ctx.timing.first_token:
-                ctx.timing.first_token = time.perf_counter()
+            self._token()
         elif name == b"message_start":
             doc = event_doc(data)
             message = doc.get("message") if doc is not None else None
@@ -118,11 +107,7 @@ class MessagesObserver:
         elif name == b"error":
             ctx.error_type = "upstream_stream_error"
             self.done = True
-        return self._model.apply(event) if self._model is not None else event
-
-    def ending(self, trailer: bytes) -> bytes:
-        """The trailer only: message_stop already ended the stream."""
-        return trailer
+        return self._relay(event)
 
 
 class MessagesSurface:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +9,7 @@ import orjson
 
 from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
 from app.api.surfaces.openai import OpenAISurface
-from app.api.surfaces.sse import ModelRewrite, event_doc, event_parts, named_event
+from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 from app.context import Operation, RequestContext, Usage
 from app.errors import GatewayError, bad_request
 from app.normalize.placement import TailPlacement, render_block
@@ -44,25 +43,15 @@ def _item_text_chars(item: Any) -> int:
     return chars
 
 
-class ResponseObserver:
+class ResponseObserver(NamedEventObserver):
     """Relays Responses events untouched but for the model name; usage comes with response.completed."""
-
-    __slots__ = ("_ctx", "_model", "delivered", "done")
-
-    def __init__(self, ctx: RequestContext, served: str) -> None:
-        self._ctx = ctx
-        self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
-        self.done = False
-        self.delivered = 0
 
     def observe(self, event: bytes) -> bytes | None:
         """Account for one event; the stream's response id, first token, usage and status."""
         ctx = self._ctx
         name, data = event_parts(event)
         if name == b"response.output_text.delta" or name == b"response.function_call_arguments.delta":
-            self.delivered += 1
-            if not ctx.timing.first_token:
-                ctx.timing.first_token = time.perf_counter()
+            self._token()
         elif name == b"response.created" or name in _FINAL_EVENTS:
             doc = event_doc(data)
             response = doc.get("response") if doc is not None else None
@@ -79,11 +68,7 @@ class ResponseObserver:
         elif name == b"error":
             ctx.error_type = "upstream_stream_error"
             self.done = True
-        return self._model.apply(event) if self._model is not None else event
-
-    def ending(self, trailer: bytes) -> bytes:
-        """The trailer only: a Responses stream has no end marker of its own."""
-        return trailer
+        return self._relay(event)
 
 
 class ResponsesSurface(OpenAISurface):

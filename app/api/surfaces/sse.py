@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import orjson
+
+from app.context import RequestContext
 
 
 def event_parts(event: bytes) -> tuple[bytes, bytes]:
@@ -72,3 +75,28 @@ class ModelRewrite:
 def model_markers(served: str, public: str) -> tuple[bytes, bytes]:
     """The byte patterns of the served and the public model name, as compact JSON writes them."""
     return b'"model":' + json_string(served), b'"model":' + json_string(public)
+
+
+class NamedEventObserver:
+    """What the Responses and Messages observers share: the model rewrite, token counting, the ending."""
+
+    __slots__ = ("_ctx", "_model", "delivered", "done")
+
+    def __init__(self, ctx: RequestContext, served: str) -> None:
+        self._ctx = ctx
+        self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
+        self.done = False
+        self.delivered = 0
+
+    def _token(self) -> None:
+        """An event that carried generated content: counted; the first one stamps the first token."""
+        self.delivered += 1
+        if not self._ctx.timing.first_token:
+            self._ctx.timing.first_token = time.perf_counter()
+
+    def _relay(self, event: bytes) -> bytes:
+        return self._model.apply(event) if self._model is not None else event
+
+    def ending(self, trailer: bytes) -> bytes:
+        """The trailer only: these streams end with their own final event, no [DONE]."""
+        return trailer
