@@ -12,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from app.api.surfaces.base import Parsed, stream_flag
 from app.api.surfaces.chat import ChatSurface
 from app.api.surfaces.openai import OpenAISurface, media_free_parts
 from app.context import Operation
-from app.errors import bad_request, error_body
+from app.errors import bad_request
 from app.normalize.placement import TailPlacement
 from app.prompt import PromptView, text_of
 from app.routing.prefix_key import prompt_head
@@ -69,20 +67,6 @@ class PassThroughSurface(OpenAISurface):
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
         """Never called (not normalizable): the body as it came."""
         return body
-
-    def upstream_error(self, status: int, body: bytes) -> bytes:
-        """vLLM's own errors are OpenAI's envelope already; FastAPI's `{"detail": …}` (a route the model does
-        not serve, e.g. /rerank on a generative model) is put into it."""
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return body
-        if not isinstance(doc, dict) or "error" in doc or not isinstance(doc.get("detail"), str):
-            return body
-        if status == 404:
-            return error_body(f"This model's replicas do not serve {self.name}.", "invalid_request_error", None,
-                              "unknown_url")  # fmt: skip
-        return error_body(doc["detail"], "invalid_request_error")
 
     def input_messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Chat-shaped bodies as chat; text inputs (a string or a batch of strings) as user messages."""
