@@ -24,7 +24,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from app.kvcache.subscriber import is_bind_endpoint
+from app.kvcache.sources import is_bind_endpoint
 
 END_SEQ_BYTES: Final = (-1).to_bytes(8, "big", signed=True)
 BUFFER_STEPS: Final = 10_000  # vLLM's KVEventsConfig.buffer_steps default

@@ -29,9 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -50,69 +48,12 @@ from app.kvcache.events import (
     event_hash,
 )
 from app.kvcache.index import KvIndex
+from app.kvcache.sources import EventSource, ReplicaStats, _Stream
 
 log = logging.getLogger(__name__)
 
 SUB_HWM = 50_000
-PENDING_MAX = 10_000
 REPLAY_HWM = 20_000
-
-
-@dataclass(frozen=True, slots=True)
-class EventSource:
-    """Where one replica's events come from: its HTTP url (the routing key), PUB endpoint, replay, topic."""
-
-    url: str
-    endpoint: str
-    replay: str | None = None
-    topic: str = ""
-    bind: bool | None = None  # None: vLLM's rule on the endpoint string; True binds a concrete interface
-
-    @property
-    def collector(self) -> bool:
-        """True when we bind (the replica connects to us), as vLLM binds only wildcard endpoints."""
-        return self.bind if self.bind is not None else is_bind_endpoint(self.endpoint)
-
-
-def is_bind_endpoint(endpoint: str) -> bool:
-    """vLLM's own rule (ZmqEventPublisher._is_bind_endpoint): wildcard or ipc/inproc binds, the rest connects."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
-
-
-@dataclass(slots=True)
-class ReplicaStats:
-    """Counters for one replica's event stream; the lead exports them as metrics."""
-
-    batches: int = 0
-    events: int = 0
-    gaps: int = 0
-    replays: int = 0
-    replay_failures: int = 0
-    unrecoverable: int = 0
-    restarts: int = 0
-    decode_errors: int = 0
-    skipped_events: int = 0
-    duplicates: int = 0
-    last_seq: int | None = None
-    lag_s: float | None = None
-    max_lag_s: float = 0.0
-    not_whole_reason: str = "starting"
-
-
-@dataclass(slots=True)
-class _Stream:
-    source: EventSource
-    stats: ReplicaStats = field(default_factory=ReplicaStats)
-    connected: bool = False
-    exact: bool = False
-    approx_since: float | None = None
-    last_ts: float | None = None
-    last_event_at: float | None = None
-    owed_since: float | None = None
-    replaying: bool = False
-    replay_task: asyncio.Task[None] | None = None
-    pending: deque[tuple[int, bytes]] = field(default_factory=lambda: deque(maxlen=PENDING_MAX))
-    whole_cache: bool = False
 
 
 Listener = Callable[[str, bool, str], None]

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from app.kvcache.subscriber import EventSource, KvEventsHub, is_bind_endpoint
+from app.kvcache.sources import is_bind_endpoint
+from app.kvcache.subscriber import EventSource, KvEventsHub
 from tests.kvcache.vllm_wire import WirePublisher, cleared, free_port, removed, stored
 
 URL = "http://replica-a:8000"
