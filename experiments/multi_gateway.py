@@ -100,13 +100,14 @@ def _spawn(stack: Stack, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _gateway_config(sims: list[str], redis_url: str, prefix: str, load_bound: float, timeout: float) -> dict[str, Any]:
+def _gateway_config(sims: list[str], redis_url: str, prefix: str, load_bound: float, timeout: float,
+                    min_bound: int = 0) -> dict[str, Any]:
     return {
         "listen": {"host": "127.0.0.1", "drain_s": 5, "drain_notice_s": 0.2},
         "store": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": timeout},
         "models": [{"name": "m", "pools": ["main"]}],
         "pools": {"main": {"role": "interactive", "served_model": "served", "replicas": sims,
-                           "policy": {"type": "prefix_affinity", "load_bound": load_bound},
+                           "policy": {"type": "prefix_affinity", "load_bound": load_bound, "min_bound": min_bound},
                            "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4}}},
         "tenants": [
             {"id": "spender", "api_keys": [SPENDER], "limits": {"rpm": 1_000_000}},
@@ -117,7 +118,7 @@ def _gateway_config(sims: list[str], redis_url: str, prefix: str, load_bound: fl
     }  # fmt: skip
 
 
-def start(workdir: Path, redis_url: str | None, load_bound: float, timeout: float) -> Stack:
+def start(workdir: Path, redis_url: str | None, load_bound: float, timeout: float, min_bound: int = 0) -> Stack:
     stack = Stack([], {}, {}, redis_url or "", f"kvgate-mg:{uuid.uuid4().hex[:8]}:", workdir)
     if not redis_url:
         port = free_port()
@@ -136,7 +137,8 @@ def start(workdir: Path, redis_url: str | None, load_bound: float, timeout: floa
     for i, url in enumerate(stack.sims):
         wait_http(url + "/health", 60, stack.procs[f"sim{i}"])
     cfg = workdir / "gateway.yaml"
-    cfg.write_text(yaml.safe_dump(_gateway_config(stack.sims, stack.redis_url, stack.prefix, load_bound, timeout)))
+    raw = _gateway_config(stack.sims, stack.redis_url, stack.prefix, load_bound, timeout, min_bound)
+    cfg.write_text(yaml.safe_dump(raw))
     for name, extra in (("A", []), ("B", []), ("C", ["--workers", "2"])):
         port = free_port()
         _spawn(stack, f"gw{name}", [KVGATE, "serve", "--config", str(cfg), "--port", str(port), *extra])
@@ -336,7 +338,7 @@ async def run(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-mg-"))
     rng = random.Random(args.seed)
     t0 = time.monotonic()
-    stack = start(workdir, args.redis_url, args.load_bound, args.store_timeout)
+    stack = start(workdir, args.redis_url, args.load_bound, args.store_timeout, args.min_bound)
     try:
         print(f"stack up in {time.monotonic() - t0:.1f} s: sims {len(stack.sims)}, gateways "
               + ", ".join(f"{n} {u}" for n, u in stack.gateways.items()))  # fmt: skip
@@ -354,7 +356,8 @@ async def run(args: argparse.Namespace) -> None:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n## Same prefix, same replica (4 sims, prefix_affinity, load_bound {args.load_bound})\n")
+    print(f"\n## Same prefix, same replica (4 sims, prefix_affinity, load_bound {args.load_bound}, "
+          f"min_bound {args.min_bound})\n")
     print(
         "| phase | in flight | requests | prefix_home picks on the prefix's home | all requests on the home "
         "| spilled by bounded load | prefixes with one home from every gateway | errors |"
@@ -403,6 +406,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--store-timeout", type=float, default=0.25, help="store.socket_timeout_s (the default: 0.25)")
     p.add_argument("--load-bound", type=float, default=1.25, help="prefix_affinity's c (routing.load_bound's default)")
+    p.add_argument("--min-bound", type=int, default=0,
+                   help="prefix_affinity's min_bound (requests a home always takes)")
     p.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = p.parse_args()
     if not args.redis_url and shutil.which("redis-server") is None:

@@ -35,6 +35,10 @@ class PrefixAffinityParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     type: Literal["prefix_affinity"] = "prefix_affinity"
     load_bound: float | None = Field(None, ge=1.0)
+    # A home may always hold this many requests before the bound applies: at low load the bound (c x a mean
+    # below one) would send a prefix's second request elsewhere, and each gateway replica, seeing only its
+    # own in-flight requests, elsewhere differently. 0 keeps the pure bound.
+    min_bound: int = Field(0, ge=0)
 
 
 class PrefixAffinity:
@@ -42,10 +46,11 @@ class PrefixAffinity:
 
     name = "prefix_affinity"
 
-    def __init__(self, load_bound: float = 1.25) -> None:
+    def __init__(self, load_bound: float = 1.25, min_bound: int = 0) -> None:
         if load_bound < 1.0:
             raise ValueError("load_bound must be >= 1")
         self.load_bound = load_bound
+        self.min_bound = min_bound
 
     def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
         """The home if within the bound (runner-up: the next-ranked), else the least loaded (runner-up: home)."""
@@ -57,7 +62,8 @@ class PrefixAffinity:
         ranked = [(((key ^ r.hash) * GOLDEN64) & MASK64, i) for i, r in enumerate(candidates)]
         top = max(ranked)
         home_i = top[1]
-        if loads[home_i] + 1 <= bound(self.load_bound, sum(loads) + 1, n):
+        limit = bound(self.load_bound, sum(loads) + 1, n)
+        if loads[home_i] + 1 <= (limit if limit >= self.min_bound else self.min_bound):
             ranked.remove(top)
             return Selection(candidates[home_i], candidates[max(ranked)[1]], "prefix_home")
         # Spill: the least-loaded replica; among equals, the one ranked highest for this key.

@@ -119,3 +119,17 @@ def test_home_is_the_highest_rendezvous_score() -> None:
     for key in (1, 2**63 + 5, 987654321987):
         expected = max(reps, key=lambda r: rendezvous_score(key, r.hash))
         assert PrefixAffinity().select(reps, key).chosen is expected
+
+
+def test_a_min_bound_keeps_low_load_on_the_home_and_the_bound_applies_above_it() -> None:
+    from tests.routing.factory import replicas as make
+
+    reps = make(["http://a:1", "http://b:1", "http://c:1", "http://d:1"])
+    key = 12345
+    home = PrefixAffinity(1.25).select(reps, key).chosen
+    home.in_flight = 3  # three requests of this prefix already there, none elsewhere
+    assert PrefixAffinity(1.25).select(reps, key).reason == "prefix_bounded_spill"
+    kept = PrefixAffinity(1.25, min_bound=8).select(reps, key)
+    assert kept.chosen is home and kept.reason == "prefix_home"
+    home.in_flight = 8
+    assert PrefixAffinity(1.25, min_bound=8).select(reps, key).reason == "prefix_bounded_spill"
