@@ -118,6 +118,11 @@ class HeadBuilder:
         self.size += len(piece) + 1
         self.full = self.size >= self.limit
 
+    def add_serialized(self, raw: bytes) -> None:
+        """Append serialized JSON (tool specs as sent: their key order reaches the tokens, so the key too)."""
+        if not self.full:
+            self.add(raw[: self.limit - self.size].decode("utf-8", "ignore"))
+
     def text(self) -> str:
         """The collected head."""
         return "\x1e".join(self.parts)

@@ -80,14 +80,11 @@ class ChatSurface(OpenAISurface):
             if role == "user" and first_user is None:
                 first_user = i
                 head.extend(text_slots(i, content, ("messages", i, "content")))
-        tool_chars = 0
-        for field in ("tools", "functions"):
-            if body.get(field):
-                tool_chars += len(orjson.dumps(body[field]))
-        tools = body.get("tools")
-        if tools and not key.full:
-            # Serialized as sent: key order reaches the tokens, so it should reach the key too.
-            key.add(orjson.dumps(tools)[: key.limit - key.size].decode("utf-8", "ignore"))
+        tools_json = orjson.dumps(body["tools"]) if body.get("tools") else b""
+        functions = body.get("functions")
+        tool_chars = len(tools_json) + (len(orjson.dumps(functions)) if functions else 0)
+        if tools_json:
+            key.add_serialized(tools_json)
         if first_other is not None:
             key.add(text_of(first_other.get("content")))
         last_user = last_user_index(messages)

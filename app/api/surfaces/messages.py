@@ -171,9 +171,10 @@ class MessagesSurface:
                 # A block that is only the billing line: vLLM drops it; routing and normalize leave it alone.
         chars += content_chars(system)
         tools = body.get("tools")
-        tool_chars = len(orjson.dumps(tools)) if tools else 0
-        if tools and not key.full:
-            key.add(orjson.dumps(tools)[: key.limit - key.size].decode("utf-8", "ignore"))
+        tools_json = orjson.dumps(tools) if tools else b""
+        tool_chars = len(tools_json)
+        if tools_json:
+            key.add_serialized(tools_json)
         messages = body.get("messages")
         if not isinstance(messages, list):
             messages = []

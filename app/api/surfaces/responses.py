@@ -112,11 +112,12 @@ class ResponsesSurface(OpenAISurface):
             chars += len(instructions)
         items = body.get("input")
         tools = body.get("tools")
-        tool_chars = len(orjson.dumps(tools)) if tools else 0
+        tools_json = orjson.dumps(tools) if tools else b""
+        tool_chars = len(tools_json)
         if isinstance(items, str):
             head.append(TextSlot(("input",), items, 0, -1))
-            if tools:
-                key.add(orjson.dumps(tools)[: key.limit - key.size].decode("utf-8", "ignore"))
+            if tools_json:
+                key.add_serialized(tools_json)
             key.add(items)
             return PromptView(head=tuple(head), key_head=key.text(), text_chars=chars + len(items),
                               framing_tokens=TOKENS_PER_ITEM, tool_chars=tool_chars)  # fmt: skip
@@ -148,8 +149,8 @@ class ResponsesSurface(OpenAISurface):
             if role == "user" and first_user is None:
                 first_user = i
                 head.extend(text_slots(i, content, path, _TEXT_TYPES))
-        if tools and not key.full:
-            key.add(orjson.dumps(tools)[: key.limit - key.size].decode("utf-8", "ignore"))
+        if tools_json:
+            key.add_serialized(tools_json)
         if first_other is not None:
             key.add(text_of(first_other.get("content")))
         refs: tuple[str, ...] = ()
