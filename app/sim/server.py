@@ -23,7 +23,7 @@ from app.sim.protocol import GenRequest, SimHTTPError, json_decode_error, parse_
 from app.sim.request import Status
 from app.sim.responses import ResponsesEndpoint, ResponsesSurface
 from app.sim.sender import DirectSender
-from app.sim.state import SimState, read_body, send_whole
+from app.sim.state import SimState, read_post, send_whole
 from app.sim.surface import SurfaceEndpoint
 from app.sim.tokenize_api import TokenizeApi
 from app.sim.wire import (
@@ -36,7 +36,6 @@ from app.sim.wire import (
     usage,
 )
 
-_JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream; charset=utf-8")
 
 
@@ -50,18 +49,10 @@ class GenerationEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one request."""
         st = self.state
-        if scope["method"] != "POST":
-            await send_whole(send, 405, b'{"detail":"Method Not Allowed"}', [_JSON])
+        incoming = await read_post(scope, receive, send, st)
+        if incoming is None:
             return
-        headers = {k.lower(): v for k, v in scope["headers"]}
-        try:
-            raw = await read_body(receive)
-        except ConnectionResetError:
-            return
-        rid = (headers.get(b"x-request-id") or b"").decode() or uuid.uuid4().hex[:16]
-        out_headers = [_JSON]
-        if st.options.enable_request_id_headers:
-            out_headers.append((b"x-request-id", rid.encode()))
+        headers, raw, rid, out_headers = incoming.headers, incoming.raw, incoming.request_id, incoming.out_headers
         try:
             try:
                 body = orjson.loads(raw)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+import uuid
+from dataclasses import dataclass
 
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 from app.sim.chat import BuiltinChat, ChatPrompt, FolderChat, is_model_folder
 from app.sim.engine import Engine, EngineConfig
@@ -73,3 +75,33 @@ async def send_whole(send: Send, status: int, body: bytes, headers: list[tuple[b
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+JSON_HEADER = (b"content-type", b"application/json")
+
+
+@dataclass(slots=True)
+class Incoming:
+    """A POST that arrived whole: its headers (lowercase names), body, request id and the reply's headers."""
+
+    headers: dict[bytes, bytes]
+    raw: bytes
+    request_id: str
+    out_headers: list[tuple[bytes, bytes]]
+
+
+async def read_post(scope: Scope, receive: Receive, send: Send, state: SimState) -> Incoming | None:
+    """What every raw POST route of the sim reads first; None when it already answered (405) or the client left."""
+    if scope["method"] != "POST":
+        await send_whole(send, 405, b'{"detail":"Method Not Allowed"}', [JSON_HEADER])
+        return None
+    headers = {k.lower(): v for k, v in scope["headers"]}
+    try:
+        raw = await read_body(receive)
+    except ConnectionResetError:
+        return None
+    rid = (headers.get(b"x-request-id") or b"").decode() or uuid.uuid4().hex[:16]
+    out_headers = [JSON_HEADER]
+    if state.options.enable_request_id_headers:
+        out_headers.append((b"x-request-id", rid.encode()))
+    return Incoming(headers, raw, rid, out_headers)

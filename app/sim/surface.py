@@ -19,9 +19,8 @@ from app.sim.engine import OutputStream
 from app.sim.protocol import SimHTTPError, json_decode_error
 from app.sim.request import SimRequest, Status
 from app.sim.sender import DirectSender
-from app.sim.state import SimState, read_body, send_whole
+from app.sim.state import SimState, read_post, send_whole
 
-JSON_HEADER = (b"content-type", b"application/json")
 SSE_HEADER = (b"content-type", b"text/event-stream; charset=utf-8")
 
 
@@ -97,18 +96,10 @@ class SurfaceEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one request."""
         st, surface = self.state, self.surface
-        if scope["method"] != "POST":
-            await send_whole(send, 405, b'{"detail":"Method Not Allowed"}', [JSON_HEADER])
+        incoming = await read_post(scope, receive, send, st)
+        if incoming is None:
             return
-        headers = {k.lower(): v for k, v in scope["headers"]}
-        try:
-            raw = await read_body(receive)
-        except ConnectionResetError:
-            return
-        rid = (headers.get(b"x-request-id") or b"").decode() or uuid.uuid4().hex[:16]
-        out_headers = [JSON_HEADER]
-        if st.options.enable_request_id_headers:
-            out_headers.append((b"x-request-id", rid.encode()))
+        headers, raw, rid, out_headers = incoming.headers, incoming.raw, incoming.request_id, incoming.out_headers
         try:
             try:
                 body = orjson.loads(raw)
