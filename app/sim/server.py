@@ -23,7 +23,7 @@ from app.sim.protocol import GenRequest, SimHTTPError, json_decode_error, parse_
 from app.sim.request import Status
 from app.sim.responses import ResponsesEndpoint, ResponsesSurface
 from app.sim.sender import DirectSender
-from app.sim.state import SimState, read_post, send_whole
+from app.sim.state import SimState, read_post, send_whole, stream_to_end, watch_disconnect
 from app.sim.surface import SurfaceEndpoint
 from app.sim.tokenize_api import TokenizeApi
 from app.sim.wire import (
@@ -98,26 +98,16 @@ class GenerationEndpoint:
             priority=gen.priority,
             sink=sink,
         )
-        watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
+        watcher = asyncio.create_task(watch_disconnect(receive, st, stream))
         try:
             if sender is not None:
-                while not stream.finished and not stream.closed:
-                    await stream.event.wait()
-                    stream.event.clear()
-                await sender.drained()
+                await stream_to_end(stream, sender)
             else:
                 await self._whole(send, gen, stream, resp_id, out_headers)
         finally:
             watcher.cancel()
             if not stream.finished:
                 st.engine.abort(stream)
-
-    async def _watch_disconnect(self, receive: Receive, stream: OutputStream) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                self.state.engine.abort(stream)
-                return
 
     def _usage(self, gen: GenRequest, stream: OutputStream, streaming: bool) -> dict[str, Any]:
         first = stream.reqs[0]

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from starlette.types import Receive, Scope, Send
 
 from app.sim.chat import BuiltinChat, ChatPrompt, FolderChat, is_model_folder
-from app.sim.engine import Engine, EngineConfig
+from app.sim.engine import Engine, EngineConfig, OutputStream
 from app.sim.options import SimOptions
+from app.sim.sender import DirectSender
 from app.sim.template import SMOLLM2_DEFAULT_SYSTEM
 from app.sim.tokenizer import Tokenizer, load_tokenizer
 
@@ -105,3 +106,20 @@ async def read_post(scope: Scope, receive: Receive, send: Send, state: SimState)
     if state.options.enable_request_id_headers:
         out_headers.append((b"x-request-id", rid.encode()))
     return Incoming(headers, raw, rid, out_headers)
+
+
+async def watch_disconnect(receive: Receive, state: SimState, stream: OutputStream) -> None:
+    """Abort the stream's engine work when the client goes away (run as a task beside the request)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            state.engine.abort(stream)
+            return
+
+
+async def stream_to_end(stream: OutputStream, sender: DirectSender) -> None:
+    """Wait for a streamed request's last token, then for its last write to reach the client."""
+    while not stream.finished and not stream.closed:
+        await stream.event.wait()
+        stream.event.clear()
+    await sender.drained()

@@ -19,7 +19,7 @@ from app.sim.engine import OutputStream
 from app.sim.protocol import SimHTTPError, json_decode_error
 from app.sim.request import SimRequest, Status
 from app.sim.sender import DirectSender
-from app.sim.state import SimState, read_post, send_whole
+from app.sim.state import SimState, read_post, send_whole, stream_to_end, watch_disconnect
 
 SSE_HEADER = (b"content-type", b"text/event-stream; charset=utf-8")
 
@@ -138,13 +138,10 @@ class SurfaceEndpoint:
             priority=job.priority,
             sink=sink,
         )
-        watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
+        watcher = asyncio.create_task(watch_disconnect(receive, st, stream))
         try:
             if sender is not None:
-                while not stream.finished and not stream.closed:
-                    await stream.event.wait()
-                    stream.event.clear()
-                await sender.drained()
+                await stream_to_end(stream, sender)
             else:
                 while not stream.finished and not stream.closed:
                     await stream.event.wait()
@@ -159,13 +156,6 @@ class SurfaceEndpoint:
             watcher.cancel()
             if not stream.finished:
                 st.engine.abort(stream)
-
-    async def _watch_disconnect(self, receive: Receive, stream: OutputStream) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                self.state.engine.abort(stream)
-                return
 
     def _sink(
         self, writer: StreamWriter, sender: DirectSender, get_stream: Callable[[], OutputStream]
