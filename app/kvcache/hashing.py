@@ -173,4 +173,4 @@ def block_hashes(
     seed: str = NONE_HASH_SEED,
 ) -> list[int]:
     """The request's block hashes as vLLM's KV events publish them (ints), one per full block, in order."""
-    return [int.from_bytes(d[24:], "big") for d in block_digests(token_ids, block_size, cache_salt, algo, lora, seed)]
+    return [to_event_hash(d) for d in block_digests(token_ids, block_size, cache_salt, algo, lora, seed)]

@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from app.kvcache.hashing import HashAlgo, block_digests, chain_digest
+from app.kvcache.hashing import HashAlgo, block_digests, chain_digest, to_event_hash
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
@@ -253,7 +253,7 @@ class RequestBlocks:
                 else:
                     digest = chain_digest(parent, block, self.algo)
                 memo.put(key, digest)
-            out.append(int.from_bytes(digest[24:], "big"))
+            out.append(to_event_hash(digest))
             parent = digest
         return out
 

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from app.kvcache.hashing import HashAlgo, block_digests, chain_digest, none_hash
+from app.kvcache.hashing import HashAlgo, block_digests, chain_digest, none_hash, to_event_hash
 from app.kvcache.publisher import (
     KV_SPEC_FULL_ATTENTION,
     AllBlocksClearedEvent,
@@ -52,9 +52,8 @@ def block_hashes(
     return out
 
 
-def event_hash(digest: bytes) -> int:
-    """The int vLLM's KV events carry for a digest (low 64 bits, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1)."""
-    return int.from_bytes(digest[24:], "big")
+# The int vLLM's KV events carry for a digest (low 64 bits, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
+event_hash = to_event_hash
 
 
 def max_hit_blocks(num_tokens: int, block_size: int = BLOCK_SIZE) -> int:
