@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.admission.config import AdmissionConfig
 from app.routing.kv_events import KvEventsParams
+from app.routing.load_report_config import LoadReportSettings
 from app.routing.prefix_affinity import PrefixAffinityParams
 from app.routing.registry import PolicySpec, policy_object
 from app.routing.round_robin import RoundRobinParams
@@ -206,6 +207,7 @@ class PoolConfig(_Strict):
     )
     # The fair admission queue in front of this pool (app/admission): engages only while the pool is saturated.
     admission: AdmissionConfig = AdmissionConfig()
+    load_report: LoadReportSettings = LoadReportSettings()  # vLLM's in-band load header (ORCA)
 
     _policy_object = field_validator("policy", mode="before")(classmethod(lambda cls, v: policy_object(v)))
 

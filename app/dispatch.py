@@ -22,6 +22,7 @@ from app.context import RequestContext, RouteDecision
 from app.errors import FailureKind, GatewayError, bad_request
 from app.migrate import Delivered, Splice, continuation
 from app.relay import Continued, StreamRelay
+from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
 from app.routing.retry import backoff_s
 from app.routing.state import ClusterState, ReplicaState
@@ -87,6 +88,7 @@ class Dispatcher:
         on_attempt: AttemptHook = lambda ctx, headers: None,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
         self.cluster = cluster
@@ -94,6 +96,11 @@ class Dispatcher:
         self._on_attempt = on_attempt
         self._rng = rng or random.Random()
         self._sleep = sleep
+        self._clock = clock  # the scraper's clock: in-band reports and scrapes are ordered on it
+        # Per pool: the load-report format to ask for, None where the pool turned it off.
+        self._ask_load = {
+            name: pool.load_report.format if pool.load_report.enabled else None for name, pool in cfg.pools.items()
+        }
 
     async def run(self, ctx: RequestContext, model: ModelConfig, key: int) -> Complete | StreamRelay:
         """Send the request, failing over before the first byte; raises the last GatewayError when none answer."""
@@ -120,6 +127,9 @@ class Dispatcher:
             for name in ctx.surface.forward:
                 if name in ctx.headers:
                     headers[name] = ctx.headers[name]
+            ask = self._ask_load.get(route.pool)
+            if ask is not None and ctx.path in LOAD_REPORT_PATHS:
+                headers[REQUEST_HEADER] = ask
             self._on_attempt(ctx, headers)
             ctx.upstream_called = True
             assert route.target is not None, "pick always names the replica state"
@@ -140,6 +150,7 @@ class Dispatcher:
                 raise
             ctx.error_type = None
             if ctx.stream and resp.status == 200:
+                self._note_load(route.target, resp)  # vLLM 0.32 sends none on streams; a later one may
                 return StreamRelay(
                     ctx, resp, lease, ctx.surface.stream_observer(ctx, served),
                     migrate=self._migrate if ctx.surface.migratable else None,
@@ -156,6 +167,7 @@ class Dispatcher:
                     ctx.timing.upstream_busy = ctx.timing.end - ctx.timing.upstream_start
                 resp.release()
                 lease.succeed()
+            self._note_load(route.target, resp)
             return self._complete(ctx, resp, body, served)
         assert last is not None
         raise last
@@ -222,6 +234,18 @@ class Dispatcher:
         doc = orjson.loads(raw) if raw.startswith(b"{") else None
         count = doc.get("count") if isinstance(doc, dict) else None
         return count if isinstance(count, int) and resp.status == 200 else None
+
+    def _note_load(self, replica: ReplicaState, resp: UpstreamResponse) -> None:
+        """Feed the reply's in-band load report into the replica's state (after its lease ended: vLLM's report
+        no longer counts the request either)."""
+        raw = resp.load_report
+        if raw is None:
+            return
+        report = parse_load_report(raw)
+        if report is None:
+            replica.load_reports_unparsable += 1
+        else:
+            replica.apply_load_report(report, self._clock())
 
     def _pinned(self, ctx: RequestContext) -> RouteDecision:
         assert ctx.pinned is not None

@@ -15,6 +15,7 @@ import orjson
 
 from app.config import UpstreamConfig
 from app.errors import GatewayError, upstream_status, upstream_timeout, upstream_unreachable
+from app.routing.load_report import RESPONSE_HEADER
 
 
 def create_session(cfg: UpstreamConfig) -> aiohttp.ClientSession:
@@ -37,6 +38,7 @@ class UpstreamResponse(Protocol):
 
     status: int
     content_type: str
+    load_report: str | None  # vLLM's endpoint-load-metrics header, when the reply carries one
 
     async def body(self) -> bytes:
         """The whole body; GatewayError (with its failure kind) when the upstream breaks off."""
@@ -72,13 +74,14 @@ def transport_error(err: BaseException, replica: str) -> GatewayError:
 
 
 class _AiohttpResponse:
-    __slots__ = ("_replica", "_resp", "content_type", "status")
+    __slots__ = ("_replica", "_resp", "content_type", "load_report", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse, replica: str) -> None:
         self._resp = resp
         self._replica = replica
         self.status = resp.status
         self.content_type = resp.headers.get("content-type", "application/json")
+        self.load_report = resp.headers.get(RESPONSE_HEADER)
 
     async def body(self) -> bytes:
         try:

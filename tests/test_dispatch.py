@@ -31,9 +31,10 @@ class FakeResponse:
     """An upstream response whose head arrived; body and chunks scripted, closes counted."""
 
     def __init__(self, status: int = 200, body: bytes = OK_BODY, chunks: list[bytes] | None = None,
-                 fail_after: int | None = None) -> None:  # fmt: skip
+                 fail_after: int | None = None, load_report: str | None = None) -> None:  # fmt: skip
         self.status = status
         self.content_type = "application/json"
+        self.load_report = load_report
         self._body = body
         self._chunks = chunks or []
         self._fail_after = fail_after
@@ -63,9 +64,11 @@ class FakeTransport:
     def __init__(self, script: dict[str, list[Any]]) -> None:
         self.script = script
         self.sent: list[str] = []
+        self.headers: list[Mapping[str, str]] = []
 
     async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str]) -> Any:
         self.sent.append(replica)
+        self.headers.append(dict(headers))
         outcome = self.script[replica].pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
@@ -245,3 +248,38 @@ async def test_a_body_nested_deeper_than_the_writer_allows_is_a_400_not_a_500() 
     with pytest.raises(GatewayError) as info:
         await d.run(c, d.cfg.models[0], key())
     assert info.value.status == 400 and not c.upstream_called
+
+
+async def test_a_chat_request_asks_for_the_load_report_and_its_reply_refreshes_the_replicas_load() -> None:
+    report = "TEXT named_metrics.num_requests_waiting=4.0, named_metrics.kv_cache_usage_perc=0.75"
+    d, cluster, _ = setup({A: [FakeResponse(load_report=report)]})
+    await d.run(ctx(), d.cfg.models[0], key())
+    assert isinstance(d.transport, FakeTransport)
+    assert d.transport.headers[0]["endpoint-load-metrics-format"] == "TEXT"
+    a = replica(cluster, A)
+    assert (a.waiting, a.kv_usage, a.load_reports) == (4, 0.75, 1)
+    assert a.queued() == 4 and a.load_report_at > 0
+
+
+async def test_an_unparsable_load_report_is_counted_and_leaves_the_load_alone() -> None:
+    d, cluster, _ = setup({A: [FakeResponse(load_report="TEXT waiting=lots")]})
+    await d.run(ctx(), d.cfg.models[0], key())
+    a = replica(cluster, A)
+    assert (a.load_reports, a.load_reports_unparsable, a.waiting) == (0, 1, 0)
+
+
+async def test_a_pool_with_load_report_off_does_not_ask() -> None:
+    cfg = make_config([A, B], [], fast_extra={"policy": "round_robin", "load_report": {"enabled": False}})
+    transport = FakeTransport({A: [FakeResponse()]})
+    d = Dispatcher(cfg, ClusterState.from_config(cfg), transport)
+    await d.run(ctx(), cfg.models[0], key())
+    assert "endpoint-load-metrics-format" not in transport.headers[0]
+
+
+async def test_a_surface_vllm_does_not_report_load_on_is_not_asked() -> None:
+    d, _, _ = setup({A: [FakeResponse()]})
+    c = ctx()
+    c.path = "/v1/responses"
+    await d.run(c, d.cfg.models[0], key())
+    assert isinstance(d.transport, FakeTransport)
+    assert "endpoint-load-metrics-format" not in d.transport.headers[0]

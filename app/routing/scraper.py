@@ -85,11 +85,12 @@ class Scraper:
         replica.apply_probe(ok, self.cfg.healthy_after, self.cfg.unhealthy_after)
         if not ok:
             return
+        asked_at = self._clock()
         text = await self._get_text(replica.url + "/metrics")
         if text is None:
             replica.clear_metrics()
             return
-        replica.apply_metrics(parse_metrics(text), self._clock())
+        replica.apply_metrics(parse_metrics(text), self._clock(), asked_at)
 
     async def _run(self, replica: ReplicaState) -> None:
         interval = self.cfg.probe_interval_s

@@ -15,6 +15,7 @@ from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
 from app.routing.hashing import stable_hash64
 from app.routing.kv_events import BlockView
+from app.routing.load_report import LoadReport
 from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
 
@@ -43,6 +44,9 @@ class ReplicaState:
         "kv_usage",
         "last_error",
         "last_scrape",
+        "load_report_at",
+        "load_reports",
+        "load_reports_unparsable",
         "pool",
         "probed",
         "running",
@@ -74,6 +78,11 @@ class ReplicaState:
         # load() is one addition; pick reads it for every candidate of every request).
         self.external = 0
         self.last_scrape = 0.0
+        # When the last in-band load report (a reply's endpoint-load-metrics header) arrived; a scrape asked
+        # before it is older than it, and leaves the load it set alone.
+        self.load_report_at = 0.0
+        self.load_reports = 0  # in-band reports applied
+        self.load_reports_unparsable = 0
         self.counters: dict[str, float] = {}  # the last scrape's counters, for per-interval deltas
         self.ttft_ewma_s: float | None = None
         self.last_error: str | None = None
@@ -172,13 +181,18 @@ class ReplicaState:
         self.probed = True
         self._refresh()
 
-    def apply_metrics(self, sample: Mapping[str, float], now: float) -> None:
-        """Record one /metrics scrape (series as parse_metrics returns them)."""
-        self.running = int(sample.get(m.RUNNING, 0.0))
-        self.waiting = int(sample.get(m.WAITING, 0.0))
-        self.kv_usage = min(max(sample.get(m.KV_USAGE, 0.0), 0.0), 1.0)
-        self.in_flight_at_scrape = self.in_flight
-        self.external = max(self.running + self.waiting - self.in_flight, 0)
+    def apply_metrics(self, sample: Mapping[str, float], now: float, asked_at: float | None = None) -> None:
+        """Record one /metrics scrape (series as parse_metrics returns them), asked at `asked_at` (default now).
+
+        An in-band load report that arrived after the scrape was asked is the newer reading of the engine's
+        queue and KV: its load stands, and the scrape only adds its counters.
+        """
+        if (now if asked_at is None else asked_at) >= self.load_report_at:
+            self.running = int(sample.get(m.RUNNING, 0.0))
+            self.waiting = int(sample.get(m.WAITING, 0.0))
+            self.kv_usage = min(max(sample.get(m.KV_USAGE, 0.0), 0.0), 1.0)
+            self.in_flight_at_scrape = self.in_flight
+            self.external = max(self.running + self.waiting - self.in_flight, 0)
         prev = self.counters
         ttft_sum = self._delta(prev, sample, m.TTFT_SUM)
         ttft_count = self._delta(prev, sample, m.TTFT_COUNT)
@@ -193,6 +207,29 @@ class ReplicaState:
         self.counters = {k: v for k, v in sample.items() if k in m.COUNTERS}
         self.last_scrape = now
 
+    def apply_load_report(self, report: LoadReport, now: float) -> None:
+        """Record vLLM's in-band load report (engine queue, KV usage) that a reply brought at `now`.
+
+        vLLM builds it after the request finished, and the upstream stage applies it after that request's
+        lease ended, so neither side counts that request. It reports no running count: a queueing engine runs
+        its `capacity` slots; one that does not queue holds at most its free slots beyond ours.
+        """
+        waiting = report.waiting
+        if report.kv_usage is not None:
+            self.kv_usage = report.kv_usage
+        if waiting is not None:
+            self.waiting = waiting
+            self.in_flight_at_scrape = self.in_flight
+            cap = self.capacity
+            if waiting > 0:
+                if cap:
+                    self.running = cap
+                self.external = max(self.running + waiting - self.in_flight, 0)
+            elif cap:
+                self.external = min(self.external, max(cap - self.in_flight, 0))
+        self.load_report_at = now
+        self.load_reports += 1
+
     def clear_metrics(self) -> None:
         """Forget scraped load (stale or unreachable): fall back to the gateway's own in-flight count."""
         self.running = 0
@@ -200,6 +237,7 @@ class ReplicaState:
         self.kv_usage = 0.0
         self.in_flight_at_scrape = self.in_flight
         self.external = 0
+        self.load_report_at = 0.0
 
     def _refresh(self) -> None:
         self.in_rotation = self.healthy and self.breaker.state == "closed"

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.sim.engine import OutputStream
 from app.sim.messages import MessagesSurface
 from app.sim.options import SimOptions
+from app.sim.orca import orca_header
 from app.sim.protocol import GenRequest, SimHTTPError, json_decode_error, parse_generation
 from app.sim.request import Status
 from app.sim.responses import ResponsesEndpoint, ResponsesSurface
@@ -103,7 +104,8 @@ class GenerationEndpoint:
             if sender is not None:
                 await stream_to_end(stream, sender)
             else:
-                await self._whole(send, gen, stream, resp_id, out_headers)
+                orca = headers.get(b"endpoint-load-metrics-format")
+                await self._whole(send, gen, stream, resp_id, out_headers, orca.decode("latin-1") if orca else "")
         finally:
             watcher.cancel()
             if not stream.finished:
@@ -124,7 +126,8 @@ class GenerationEndpoint:
         )
 
     async def _whole(
-        self, send: Send, gen: GenRequest, stream: OutputStream, resp_id: str, headers: list[tuple[bytes, bytes]]
+        self, send: Send, gen: GenRequest, stream: OutputStream, resp_id: str, headers: list[tuple[bytes, bytes]],
+        load_format: str = "",
     ) -> None:
         while not stream.finished and not stream.closed:
             await stream.event.wait()
@@ -137,6 +140,10 @@ class GenerationEndpoint:
             choices = [(gen.echo_prompt + t, fr) for t, fr in choices]
         build = chat_response if gen.kind == "chat" else completion_response
         body = build(resp_id, int(time.time()), st.options.model, choices, self._usage(gen, stream, False))
+        # As vLLM: its gauges when the reply is built (this request already finished), on whole replies only.
+        report = orca_header(load_format, len(engine.scheduler.waiting), engine.pool.usage()) if load_format else None
+        if report is not None:
+            headers = [*headers, (b"endpoint-load-metrics", report)]
         await send_whole(send, 200, body, headers)
 
     def _stream_sink(
