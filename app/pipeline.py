@@ -42,6 +42,7 @@ from app.store.factory import create_store
 from app.telemetry import Telemetry
 from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, response_headers, sse_trailer
 from app.telemetry.kv_metrics import register_kv_metrics
+from app.telemetry.load_report_metrics import register_load_report_metrics
 from app.telemetry.queue_metrics import register_queue_metrics
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
@@ -111,6 +112,7 @@ class Gateway:
             await self.shared_learning.load()
             self._background.append(asyncio.create_task(self.shared_learning.run(), name="kvgate-shared-learning"))
         await self.scraper.start()
+        register_load_report_metrics(self.telemetry.meter, lambda: self.cluster)
         if self.discoverer is not None:
             self.discoverer.register_metrics(self.telemetry.meter)
             await self.discoverer.start()
