@@ -109,8 +109,7 @@ class PriceConfig(_Strict):
     input_per_m: float | None = Field(None, ge=0)
     cached_input_per_m: float | None = Field(None, ge=0)
     output_per_m: float | None = Field(None, ge=0)
-    # With derived prices a cached input token is charged this fraction of an uncached one: its
-    # prefill is skipped, only its KV memory is held (hosted APIs price it at ~0.1x too).
+    # Derived prices charge a cached input token this fraction of an uncached one (no prefill; hosted APIs ~0.1x).
     cached_ratio: float = Field(0.1, ge=0, le=1)
 
     @model_validator(mode="after")
@@ -246,6 +245,7 @@ class LimitsConfig(_Strict):
     tpm: int | None = Field(None, ge=1)
     concurrent: int | None = Field(None, ge=1)
     monthly_budget_usd: float | None = Field(None, ge=0)
+    tpm_cached_weight: float = Field(1.0, ge=0, le=1)  # what a cached prompt token counts in tpm (app/call_estimate.py)
     # reject: 429; degrade: serve as bulk with a capped max_tokens instead, and say so in a header.
     on_exceed: Literal["reject", "degrade"] = "reject"
     degrade_max_tokens: int = Field(256, ge=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -11,6 +12,7 @@ from app.store.base import LimitReason, LimitSpec
 if TYPE_CHECKING:
     from app.admission.queue import Ticket
     from app.api.surfaces.base import Surface
+    from app.call_estimate import CallEstimate
     from app.kvcache.tokens import PromptBlocks
     from app.routing.state import ReplicaState
 
@@ -127,6 +129,8 @@ class Admission:
     tokens_reserved: int = 0
     enforced: bool = True  # False: the store was unreachable and fail_mode is open
     degraded: LimitReason | None = None  # over a limit, served degraded (bulk, capped max_tokens)
+    # The post-pick correction of tokens_reserved still on its way to the store (settle waits for it).
+    correction: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -160,6 +164,8 @@ class RequestContext:
     admission: Admission | None = None
     # The prompt's exact KV block hashes, when a pool of the model routes on KV events.
     blocks: PromptBlocks | None = None
+    # What the request is predicted to use on its picked replica (app/call_estimate.py), set after pick.
+    call_estimate: CallEstimate | None = None
     # (pool, replica URL) the request must go to: it continues a response stored there.
     pinned: tuple[str, str] | None = None
     settled: bool = False

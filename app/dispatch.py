@@ -86,6 +86,7 @@ class Dispatcher:
         transport: Transport,
         *,
         on_attempt: AttemptHook = lambda ctx, headers: None,
+        on_pick: Callable[[RequestContext], None] = lambda ctx: None,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -94,6 +95,7 @@ class Dispatcher:
         self.cluster = cluster
         self.transport = transport
         self._on_attempt = on_attempt
+        self._on_pick = on_pick
         self._rng = rng or random.Random()
         self._sleep = sleep
         self._clock = clock  # the scraper's clock: in-band reports and scrapes are ordered on it
@@ -120,6 +122,7 @@ class Dispatcher:
             except GatewayError as err:
                 raise (last or err) from None
             ctx.route = route
+            self._on_pick(ctx)  # cost before the call: the route's predicted cache hit is known from here on
             route.priority = fair_priority(route.priority, ctx.queue_ticket)
             served = self.cfg.pools[route.pool].served_model
             payload = self._payload(ctx, served, route)

@@ -6,8 +6,10 @@ one settles it (lease released, TPM corrected to actual tokens, spend recorded).
 Token estimate (before the call): ceil(characters of message/prompt text / 4) + 4 per chat message
 for role and framing; tools/functions count by their JSON length. The TPM window is charged that
 estimate plus the output the request may produce (max_completion_tokens or max_tokens, times n),
-capped at the tenant's tpm so one large request can still pass an idle window; settle replaces the
-reservation with the actual prompt + completion tokens.
+capped at the tenant's tpm so one large request can still pass an idle window. Once a replica is picked,
+`reserve_estimate` moves the reservation to the exact prompt count with the predicted cached tokens at
+`tpm_cached_weight` (app/call_estimate.py), beside the upstream call; settle replaces the reservation with the
+actual prompt (cached at the same weight) + completion tokens.
 
 Over a limit: 429 with Retry-After in OpenAI's shape (type "requests" or "tokens", code
 "rate_limit_exceeded"; budget: type "insufficient_quota", code "budget_exceeded"). With
@@ -22,11 +24,12 @@ answers 503 (code "store_unavailable").
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from app.config import LimitsConfig
 from app.context import Admission, RequestContext
@@ -37,6 +40,9 @@ from app.spend import SpendLedger, spend_record
 from app.store.base import MICROS_PER_USD, LimitReason, LimitSpec, Release, Store, StoreUnavailable
 from app.tenancy import TenantRegistry
 
+if TYPE_CHECKING:
+    from app.call_estimate import CallEstimate
+
 log = logging.getLogger(__name__)
 
 # OpenAI's output caps, newest first; other surfaces pass their own (Responses: max_output_tokens).
@@ -46,6 +52,12 @@ OUTPUT_CAP_FIELDS = ("max_completion_tokens", "max_tokens")
 def estimate_input_tokens(view: PromptView) -> int:
     """Prompt tokens a request will likely use, before any tokenizer runs (see module doc)."""
     return math.ceil((view.text_chars + view.tool_chars) / CHARS_PER_TOKEN) + view.framing_tokens
+
+
+def tpm_tokens(prompt: int, cached: int, completion: int, cached_weight: float) -> int:
+    """Tokens charged to a TPM window: uncached prompt and output in full, cached prompt at `cached_weight`."""
+    cached = min(max(cached, 0), prompt)
+    return prompt - cached + round(cached * cached_weight) + completion
 
 
 def max_output_tokens(body: dict[str, Any], fields: tuple[str, ...] = OUTPUT_CAP_FIELDS) -> int:
@@ -177,17 +189,47 @@ class Limiter:
         ctx.limit_notes.append(f"degraded:{result.reason}:class=bulk:max_tokens={limits.degrade_max_tokens}")
         return admission
 
+    def reserve_estimate(self, admission: Admission, estimate: CallEstimate) -> None:
+        """Move the TPM reservation to the post-pick estimate (exact prompt, predicted cached tokens at their
+        weight); the store write runs beside the upstream call, so the request waits for nothing."""
+        spec = admission.spec
+        if not admission.enforced or not admission.tokens_reserved or spec.tpm is None:
+            return
+        weight = self._registry.limits_for(admission.tenant_id).tpm_cached_weight
+        target = min(max(estimate.tpm_tokens(weight), 1), spec.tpm)
+        delta = target - admission.tokens_reserved
+        if delta == 0:
+            return
+        admission.tokens_reserved = target
+        admission.correction = asyncio.create_task(self._move_reservation(admission, delta, admission.correction))
+
+    async def _move_reservation(self, admission: Admission, delta: int, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            await before  # a failover's second estimate lands after the first
+        release = Release(admission.tenant_id, None, admission.spec.tpm, delta, admission.spec.window_s)
+        try:
+            await self._store.settle(release, None)
+        except Exception as err:  # the window did not move: settle corrects from the reservation it holds
+            admission.tokens_reserved -= delta
+            if not isinstance(err, StoreUnavailable):
+                log.exception("moving the TPM reservation of %s failed", admission.tenant_id)
+
     async def settle(self, ctx: RequestContext, admission: Admission) -> None:
         """Release the slot, reconcile TPM with actual usage, record spend. Never raises."""
         try:
+            if admission.correction is not None:
+                await admission.correction  # never raises: tokens_reserved is what the window holds
             spend = spend_record(ctx, admission.tenant_id, admission.lease_id)
             release = None
             if admission.enforced and (admission.lease_taken or admission.tokens_reserved):
+                weight = self._registry.limits_for(admission.tenant_id).tpm_cached_weight
+                u = ctx.usage
                 release = Release(
                     tenant_id=admission.tenant_id,
                     lease_id=admission.lease_id if admission.lease_taken else None,
                     tpm=admission.spec.tpm if admission.tokens_reserved else None,
-                    token_delta=ctx.usage.total_tokens - admission.tokens_reserved
+                    token_delta=tpm_tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens, weight)
+                    - admission.tokens_reserved
                     if admission.tokens_reserved
                     else 0,
                     window_s=admission.spec.window_s,

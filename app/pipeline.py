@@ -18,6 +18,7 @@ import aiohttp
 from app.admission import AdmissionRejected
 from app.admission.step import build_queues, predicted_tokens, queue_error, route_suffix
 from app.api.surfaces import CHAT, RESPONSES
+from app.call_estimate import estimate_call
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, Tenant
 from app.dispatch import Complete, Dispatcher, StreamRelay
@@ -102,8 +103,9 @@ class Gateway:
         """Open the upstream session, load tenant keys, start replica probes and the spend flusher."""
         self.session = create_session(self.cfg.upstream)
         self.dispatcher = Dispatcher(
-            self.cfg, self.cluster, AiohttpTransport(self.session), on_attempt=self.telemetry.upstream_started
-        )
+            self.cfg, self.cluster, AiohttpTransport(self.session), on_attempt=self.telemetry.upstream_started,
+            on_pick=self._priced,
+        )  # fmt: skip
         self.scraper = Scraper(
             self.cluster, self.session, self.cfg.routing, on_scrape=self._on_scrape if self.queues else None
         )
@@ -258,6 +260,12 @@ class Gateway:
                 continue
             self.telemetry.record_queue_wait(pool, tenant.id, rclass, ticket.waited_s)
             return
+
+    def _priced(self, ctx: RequestContext) -> None:
+        """After pick, before the upstream call: the request's estimate on its replica; the TPM reservation follows."""
+        ctx.call_estimate = estimate = estimate_call(ctx)
+        if ctx.admission is not None:
+            self.limiter.reserve_estimate(ctx.admission, estimate)
 
     def _on_scrape(self, replica: ReplicaState) -> None:
         """After a replica's probe: its pool's queue re-assesses saturation (and may release waiters)."""

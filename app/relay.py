@@ -113,11 +113,14 @@ class StreamRelay:
         return await self._migrate(ctx, got)
 
     def _bill_delivered(self) -> None:
-        # No usage arrived (the stream was cut): charge the prompt's estimate and the output relayed.
+        # No usage arrived (the stream was cut): charge the prompt's estimate and the output relayed. After a
+        # kv_events pick the prompt count is exact and its predicted cache hit is billed at the cached price.
         ctx = self.ctx
         chunks = delivered(self._journal).chunks if self._journal is not None else self.observer.delivered
         if chunks or ctx.upstream_called:
-            ctx.usage.prompt_tokens = ctx.estimated_input_tokens
+            est = ctx.call_estimate
+            ctx.usage.prompt_tokens = est.prompt_tokens if est is not None else ctx.estimated_input_tokens
+            ctx.usage.cached_tokens = est.cached_tokens if est is not None else 0
             ctx.usage.completion_tokens = chunks
             ctx.usage.reported = True
             ctx.usage_estimated = True

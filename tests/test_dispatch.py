@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from app.api.surfaces import CHAT
+from app.call_estimate import CallEstimate
 from app.context import ClassDecision, RequestContext
 from app.dispatch import Complete, Dispatcher, Lease, StreamRelay
 from app.errors import GatewayError, upstream_status, upstream_timeout, upstream_unreachable
@@ -283,3 +284,29 @@ async def test_a_surface_vllm_does_not_report_load_on_is_not_asked() -> None:
     await d.run(c, d.cfg.models[0], key())
     assert isinstance(d.transport, FakeTransport)
     assert "endpoint-load-metrics-format" not in d.transport.headers[0]
+
+
+async def test_the_pick_hook_runs_once_per_attempt_with_the_route_already_set() -> None:
+    seen: list[str | None] = []
+    cfg = make_config([A, B], [], fast_extra={"policy": "round_robin"})
+    transport = FakeTransport({A: [upstream_unreachable("refused")], B: [FakeResponse()]})
+
+    async def no_sleep(_: float) -> None:
+        return None
+
+    d = Dispatcher(cfg, ClusterState.from_config(cfg), transport, sleep=no_sleep,
+                   on_pick=lambda c: seen.append(c.route.replica if c.route else None))  # fmt: skip
+    await d.run(ctx(), cfg.models[0], key())
+    assert seen == [A, B]
+
+
+async def test_a_cut_stream_bills_the_post_pick_estimate_with_its_cached_tokens() -> None:
+    resp = FakeResponse(chunks=CHUNKS, fail_after=1)
+    d, _, _ = setup({A: [resp]}, upstream={"max_migrations": 0})
+    c = ctx(stream=True)
+    c.call_estimate = CallEstimate(prompt_tokens=1100, cached_tokens=1024, output_tokens=64, exact=True)
+    relay = await d.run(c, d.cfg.models[0], key())
+    assert isinstance(relay, StreamRelay)
+    await collect(relay)
+    assert (c.usage.prompt_tokens, c.usage.cached_tokens, c.usage.completion_tokens) == (1100, 1024, 1)
+    assert c.usage_estimated
