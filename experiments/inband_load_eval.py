@@ -177,14 +177,18 @@ async def main(args: argparse.Namespace) -> str:
     try:
         for s in sims.values():
             s.start()
-        for name, enabled in (("scrape only", False), ("scrape + in-band", True)):
+        order = [("scrape only", False), ("scrape + in-band", True)]
+        for name, enabled in reversed(order) if args.reverse else order:
             report = {"enabled": enabled}
-            pools = {
+            pools: dict[str, dict[str, object]] = {
                 "fast": {"role": "interactive", "replicas": [sims["fast0"].url, sims["fast1"].url],
                          "max_num_seqs": 8, "load_report": report},
                 "bulk": {"role": "bulk", "replicas": [sims["bulk0"].url, sims["bulk1"].url],
                          "max_num_seqs": 32, "load_report": report},
             }  # fmt: skip
+            if args.no_capacity:  # the gateway then knows a replica's slots only from what it sees queue
+                for p in pools.values():
+                    del p["max_num_seqs"]
             cfg = gateway_config(pools, routing={"probe_interval_s": args.probe_s / scale},
                                  upstream={"read_timeout_s": 600})  # fmt: skip
             gws = [gateway_proc(f"gw{i}-{enabled}", cfg, log_dir=log_dir) for i in range(args.gateways)]
@@ -201,10 +205,12 @@ async def main(args: argparse.Namespace) -> str:
     finally:
         for s in sims.values():
             s.stop()
+    arms.sort(key=lambda a: a.name != "scrape only")  # the baseline column first, whichever ran first
     out = table(arms, sims, scale)
     head = (f"{args.gateways} gateways, a wave every {args.every_s}s of {args.wave_on} (first half of each "
             f"{args.period_s}s) or {args.wave_off} requests per gateway, for {args.duration_s}s, "
-            f"max_tokens {args.max_tokens}, scrape every {args.probe_s}s, time scale {scale}")  # fmt: skip
+            f"max_tokens {args.max_tokens}, scrape every {args.probe_s}s, time scale {scale}"
+            f"{', pools without max_num_seqs' if args.no_capacity else ''}")  # fmt: skip
     RESULTS.parent.mkdir(exist_ok=True)
     with RESULTS.open("a") as f:
         for a in arms:
@@ -226,6 +232,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--probe-s", type=float, default=3.0, help="modeled seconds between the gateways' scrapes")
     p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--no-capacity", action="store_true", help="pools without max_num_seqs")
+    p.add_argument("--reverse", action="store_true", help="run the in-band arm first")
     return p.parse_args(argv)
 
 
