@@ -20,7 +20,7 @@ from app.admission.step import fair_priority
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
 from app.errors import FailureKind, GatewayError, bad_request
-from app.migrate import Delivered, Splice, continuation
+from app.migration import MIGRATIONS, Delivered, Migration
 from app.relay import Continued, StreamRelay
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
@@ -156,7 +156,7 @@ class Dispatcher:
                 self._note_load(route.target, resp)  # vLLM 0.32 sends none on streams; a later one may
                 return StreamRelay(
                     ctx, resp, lease, ctx.surface.stream_observer(ctx, served),
-                    migrate=self._migrate if ctx.surface.migratable else None,
+                    migrate=self._migrate, migration=MIGRATIONS.get(ctx.surface.name),
                     max_migrations=self.cfg.upstream.max_migrations,
                 )  # fmt: skip
             with lease:
@@ -175,8 +175,8 @@ class Dispatcher:
         assert last is not None
         raise last
 
-    async def _migrate(self, ctx: RequestContext, got: Delivered) -> Continued | None:
-        """Continue a cut stream on another replica (app/migrate.py); None when none takes it."""
+    async def _migrate(self, ctx: RequestContext, migration: Migration, got: Delivered) -> Continued | None:
+        """Continue a cut stream on another replica (app/migration/); None when none takes it."""
         assert ctx.route is not None and ctx.route_class is not None
         model = self.cfg.model(ctx.model)
         assert model is not None
@@ -192,14 +192,11 @@ class Dispatcher:
         assert route.target is not None
         served = self.cfg.pools[route.pool].served_model
         sent = await self._count_tokens(route.replica, served, got.text) or got.chunks
-        body = ctx.surface.upstream_body(
-            continuation(ctx.body, got.text, sent), served_model=served, priority=route.priority,
-            cache_salt=ctx.cache_salt,
-        )  # fmt: skip
+        resend = migration.continuation(ctx, got, sent, served=served, priority=route.priority)
         lease = Lease(route.target)
         try:
-            payload = orjson.dumps(body)
-            resp = await self.transport.send(route.replica, ctx.path, payload, forward_headers(ctx.request_id))
+            payload = orjson.dumps(resend.body)
+            resp = await self.transport.send(route.replica, resend.path, payload, forward_headers(ctx.request_id))
         except GatewayError as err:
             lease.fail(err.failure or "connect")
             ctx.migration_outcomes.append("failed")
@@ -219,8 +216,8 @@ class Dispatcher:
         route.reason, route.attempt = "migration", (ctx.route.attempt + 1)
         route.detail = f"continued from {ctx.route.replica} after {sent} tokens"
         ctx.route = route
-        splice = Splice(got.id or ctx.response_id or "", got.created, sent)
-        return Continued(resp, lease, ctx.surface.stream_observer(ctx, served), splice)
+        got.id = got.id or ctx.response_id
+        return Continued(resp, lease, ctx.surface.stream_observer(ctx, served), migration.splice(got, sent))
 
     async def _count_tokens(self, replica: str, served: str, text: str) -> int | None:
         # The continuation's output cap and the usage split need the delivered text in tokens: the replica's

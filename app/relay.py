@@ -1,8 +1,8 @@
 """The stream relay: an upstream SSE stream event by event through the surface's observer, to the client.
 
-It owns the attempt's lease (one verdict per replica), continues a chat stream on another replica when its
-replica fails midway (through the dispatcher's `migrate`, see app/migrate.py), and bills what was delivered
-when a stream ends without its usage.
+It owns the attempt's lease (one verdict per replica), continues a stream on another replica when its
+replica fails midway (through the dispatcher's `migrate` and the surface's migration, see app/migration/),
+and bills what was delivered when a stream ends without its usage.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from app.api.surfaces.base import StreamObserver
 from app.context import RequestContext
 from app.errors import GatewayError, upstream_unreachable
-from app.migrate import Delivered, Splice, delivered, not_migratable
+from app.migration import Delivered, Migration, Splicer
 from app.upstream import UpstreamResponse, sse_events
 
 if TYPE_CHECKING:
@@ -27,10 +27,10 @@ class Continued(NamedTuple):
     resp: UpstreamResponse
     lease: Lease
     observer: StreamObserver
-    splice: Splice
+    splice: Splicer
 
 
-Migrate = Callable[[RequestContext, Delivered], Awaitable[Continued | None]]
+Migrate = Callable[[RequestContext, Migration, Delivered], Awaitable[Continued | None]]
 
 
 class StreamRelay:
@@ -44,13 +44,15 @@ class StreamRelay:
         observer: StreamObserver,
         *,
         migrate: Migrate | None = None,
+        migration: Migration | None = None,
         max_migrations: int = 0,
     ) -> None:
         self.ctx = ctx
         self.observer = observer
         self._resp = resp
         self._lease = lease
-        self._migrate = migrate if max_migrations > 0 else None
+        self._migrate = migrate if max_migrations > 0 and migration is not None else None
+        self._migration = migration
         self._max_migrations = max_migrations
         # What the client was sent, kept only where a migration may need to read it back.
         self._journal: list[bytes] | None = [] if self._migrate is not None else None
@@ -58,7 +60,7 @@ class StreamRelay:
     async def events(self) -> AsyncGenerator[bytes, None]:
         """Relayed bytes; a failure midway migrates or ends with the surface's error event. Close with aclose()."""
         ctx = self.ctx
-        splice: Splice | None = None
+        splice: Splicer | None = None
         clean = failed = False
         try:
             while True:
@@ -66,7 +68,7 @@ class StreamRelay:
                 try:
                     async for batch in sse_events(self._resp.chunks()):
                         if splice is not None:
-                            batch = [e for event in batch if (e := splice.rewrite(event)) is not None]
+                            batch = [e for event in batch for e in splice.rewrite(event)]
                         out = [kept for event in batch if (kept := observer.observe(event)) is not None]
                         if ctx.timing.first_token and not replica.ttft_ewma_s:
                             replica.on_first_token(ctx.timing.first_token - ctx.timing.upstream_start)
@@ -103,20 +105,22 @@ class StreamRelay:
 
     async def _continue(self, err: GatewayError) -> Continued | None:
         ctx = self.ctx
-        if self._migrate is None or self._journal is None:
+        if self._migrate is None or self._migration is None or self._journal is None:
             return None
-        got = delivered(self._journal)
-        why = not_migratable(ctx.body, got, ctx.migrations, self._max_migrations)
+        got = self._migration.delivered(self._journal)
+        why = "max_migrations" if ctx.migrations >= self._max_migrations else None
+        why = why or self._migration.not_migratable(ctx.body, got)
         if why is not None:
             ctx.migration_outcomes.append(why)
             return None
-        return await self._migrate(ctx, got)
+        return await self._migrate(ctx, self._migration, got)
 
     def _bill_delivered(self) -> None:
         # No usage arrived (the stream was cut): charge the prompt's estimate and the output relayed. After a
         # kv_events pick the prompt count is exact and its predicted cache hit is billed at the cached price.
         ctx = self.ctx
-        chunks = delivered(self._journal).chunks if self._journal is not None else self.observer.delivered
+        journal, migration = self._journal, self._migration
+        chunks = migration.delivered(journal).chunks if journal and migration else self.observer.delivered
         if chunks or ctx.upstream_called:
             est = ctx.call_estimate
             ctx.usage.prompt_tokens = est.prompt_tokens if est is not None else ctx.estimated_input_tokens

@@ -1,4 +1,4 @@
-"""Mid-stream migration: a chat stream cut by its replica continues on another, spliced into the client's."""
+"""Mid-stream migration of chat streams: a stream cut by its replica continues on another, spliced in."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from app.dispatch import StreamRelay
-from app.migrate import Splice, continuation, delivered, not_migratable
+from app.migration.chat import Splice, continuation, delivered, not_migratable
 from tests.test_dispatch import A, B, FakeResponse, ctx, replica, setup
 
 
@@ -77,11 +77,11 @@ async def test_the_continuation_carries_the_delivered_text_as_a_partial_assistan
 def test_streams_that_cannot_continue_faithfully_say_why() -> None:
     base = {"messages": []}
     got = delivered([chunk("a")])
-    assert not_migratable(base, got, 0, 1) is None
-    assert not_migratable({"n": 2}, got, 0, 1) == "n"
-    assert not_migratable({"logprobs": True}, got, 0, 1) == "logprobs"
-    assert not_migratable(base, delivered([chunk(tool=True)]), 0, 1) == "tool_call"
-    assert not_migratable(base, got, 1, 1) == "max_migrations"
+    assert not_migratable(base, got) is None
+    assert not_migratable({"n": 2}, got) == "n"
+    assert not_migratable({"logprobs": True}, got) == "logprobs"
+    assert not_migratable(base, delivered([chunk(tool=True)])) == "tool_call"
+    assert not_migratable(base, delivered([chunk("a", finish="stop")])) == "finished"
 
 
 async def test_a_stream_asking_for_logprobs_is_not_migrated_and_ends_with_an_error_event() -> None:
@@ -117,10 +117,9 @@ async def test_when_no_other_replica_takes_it_the_stream_ends_with_an_error_even
 
 def test_the_splice_keeps_the_original_identity_and_sums_usage() -> None:
     s = Splice("c1", 100, sent_tokens=4)
-    assert s.rewrite(chunk(role=True, rid="c9", created=7)) is None
-    out = s.rewrite(chunk("x", rid="c9", created=7))
-    assert out is not None and b'"id":"c1"' in out and b'"created":100' in out
-    summed = s.rewrite(usage(20, 3, rid="c9", created=7))
-    assert summed is not None
+    assert s.rewrite(chunk(role=True, rid="c9", created=7)) == []
+    [out] = s.rewrite(chunk("x", rid="c9", created=7))
+    assert b'"id":"c1"' in out and b'"created":100' in out
+    [summed] = s.rewrite(usage(20, 3, rid="c9", created=7))
     assert orjson.loads(summed[6:])["usage"]["prompt_tokens"] == 16
     assert orjson.loads(summed[6:])["usage"]["completion_tokens"] == 7

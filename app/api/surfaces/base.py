@@ -48,7 +48,6 @@ class Surface(Protocol):
     template_kwargs: bool  # the body takes `chat_template_kwargs` (vLLM's chat endpoints)
     output_cap_fields: tuple[str, ...]  # where the body caps its output, newest first
     forward: tuple[str, ...]  # request headers passed on to vLLM as they came (anthropic-version)
-    migratable: bool  # a stream cut midway may continue on another replica (app/migrate.py)
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Check the body's fields (raise 400 GatewayError); may add what the gateway needs (include_usage)."""

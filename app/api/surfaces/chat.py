@@ -27,7 +27,6 @@ class ChatSurface(OpenAISurface):
     operation: Operation = "chat"
     has_tools = True
     template_kwargs = True
-    migratable = True
 
     def validate_fields(self, body: dict[str, Any]) -> None:
         """`messages` is a non-empty list of objects with a role; `tools` a list."""

@@ -121,7 +121,6 @@ class MessagesSurface:
     template_kwargs = False
     output_cap_fields: tuple[str, ...] = ("max_tokens",)
     forward: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
-    migratable = False
     require_max_tokens = True
 
     def validate(self, body: dict[str, Any]) -> Parsed:

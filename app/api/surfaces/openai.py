@@ -175,7 +175,6 @@ class OpenAISurface:
     # Where the body caps its output, newest first (limits read and lower these).
     output_cap_fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
     forward: tuple[str, ...] = ()
-    migratable = False
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Common OpenAI fields; always ask for the usage chunk on streams (limits and cost need it)."""

@@ -1,4 +1,4 @@
-"""Mid-stream migration of chat streams: continue a cut stream on another replica, spliced into the client's.
+"""Chat streams: a cut stream continues on another replica, spliced into the client's.
 
 When a replica dies after the first byte, the request is sent again as the original messages plus the text
 generated so far as a partial assistant turn (`continue_final_message: true`, `add_generation_prompt: false`,
@@ -16,20 +16,10 @@ from typing import Any
 import orjson
 
 from app.api.surfaces.sse import event_doc
+from app.context import RequestContext
+from app.migration.base import Delivered, Resend
 
 _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
-
-
-@dataclass(slots=True)
-class Delivered:
-    """What the client got of a stream so far, read back from the relayed events."""
-
-    text: str = ""
-    chunks: int = 0  # data events that carried generated content
-    tool_call: bool = False
-    finished: bool = False
-    id: str | None = None
-    created: int | None = None
 
 
 def delivered(events: Sequence[bytes]) -> Delivered:
@@ -64,10 +54,8 @@ def delivered(events: Sequence[bytes]) -> Delivered:
     return out
 
 
-def not_migratable(body: Mapping[str, Any], got: Delivered, migrations: int, limit: int) -> str | None:
+def not_migratable(body: Mapping[str, Any], got: Delivered) -> str | None:
     """Why this stream cannot be continued faithfully elsewhere (a metric label), or None when it can."""
-    if migrations >= limit:
-        return "max_migrations"
     n = body.get("n")
     if isinstance(n, int) and n > 1:
         return "n"
@@ -108,27 +96,27 @@ class Splice:
     first: bool = True
     _seen: list[bytes] = field(default_factory=list)
 
-    def rewrite(self, event: bytes) -> bytes | None:
-        """One event of the new stream as the client must see it (None: drop it)."""
+    def rewrite(self, event: bytes) -> list[bytes]:
+        """One event of the new stream as the client must see it (none: dropped)."""
         if not event.startswith(b"data:") or event.startswith(b"data: [DONE]"):
-            return event
+            return [event]
         if self.new_id is None:
             doc = event_doc(event[5:].strip())
             if doc is None:
-                return event
+                return [event]
             self.new_id = orjson.dumps(doc.get("id"))
             created = doc.get("created")
             self.new_created = str(created).encode() if isinstance(created, int) else None
             if self.first and _role_only(doc):
                 self.first = False
-                return None  # the client already had its role chunk
+                return []  # the client already had its role chunk
         self.first = False
         event = event.replace(b'"id":' + self.new_id, b'"id":' + orjson.dumps(self.orig_id))
         if self.new_created is not None and self.orig_created is not None:
             event = event.replace(b'"created":' + self.new_created, b'"created":' + str(self.orig_created).encode())
         if b'"usage":{' in event:
             event = self._sum_usage(event)
-        return event
+        return [event]
 
     def _sum_usage(self, event: bytes) -> bytes:
         doc = event_doc(event[5:].strip())
@@ -153,3 +141,32 @@ def _role_only(doc: Mapping[str, Any]) -> bool:
         if isinstance(delta, dict) and delta.get("role") and not delta.get("content") and not delta.get("tool_calls"):
             return True
     return False
+
+
+class ChatMigration:
+    """Chat completions continue on the same endpoint: vLLM's `continue_final_message` takes the partial turn."""
+
+    def delivered(self, events: Sequence[bytes]) -> Delivered:
+        """The relayed chunks read back."""
+        return delivered(events)
+
+    def not_migratable(self, body: Mapping[str, Any], got: Delivered) -> str | None:
+        """n > 1, logprobs, a half-streamed tool call, a finished stream."""
+        return not_migratable(body, got)
+
+    def continuation(
+        self, ctx: RequestContext, got: Delivered, sent_tokens: int, *, served: str, priority: int | None
+    ) -> Resend:
+        """The original body plus the partial assistant turn, to the same path."""
+        body = ctx.surface.upstream_body(
+            continuation(ctx.body, got.text, sent_tokens), served_model=served, priority=priority,
+            cache_salt=ctx.cache_salt,
+        )  # fmt: skip
+        return Resend(ctx.path, body)
+
+    def splice(self, got: Delivered, sent_tokens: int) -> Splice:
+        """Same id and created, no second role chunk, usage summed."""
+        return Splice(got.id or "", got.created, sent_tokens)
+
+
+CHAT_MIGRATION = ChatMigration()
