@@ -39,6 +39,7 @@ class BuiltinChat:
             tools=body.get("tools") if self.render_tools else None,
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             default_system=self.default_system,
+            continue_final_message=bool(body.get("continue_final_message")),
         )
         return self.tokenizer.encode(text)
 

@@ -95,6 +95,15 @@ def input_messages(items: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def continues_final_message(inp: Any) -> bool:
+    """vLLM's should_continue_final_message: the last input item is a partial (in-progress) assistant turn."""
+    if not isinstance(inp, list) or not inp or not isinstance(inp[-1], dict):
+        return False
+    last = inp[-1]
+    return last.get("type", "message") in ("message", "reasoning") and last.get("status") in ("in_progress",
+                                                                                             "incomplete")
+
+
 def chat_tools(tools: list[Any]) -> list[dict[str, Any]]:
     """Responses' flat function tools as chat tools (what the template renders)."""
     return [
@@ -201,7 +210,9 @@ class ResponsesSurface:
                 tool_parser=opts.tool_call_parser,
             )
         try:
-            ids = st.chat.token_ids({"messages": messages, "tools": chat_tools(tools) if tools else None})
+            cont = continues_final_message(inp)
+            ids = st.chat.token_ids({"messages": messages, "tools": chat_tools(tools) if tools else None,
+                                     "add_generation_prompt": not cont, "continue_final_message": cont})
         except TemplateError as e:
             raise SimHTTPError(400, str(e), "BadRequestError", None) from None
         max_len = st.sched_config.max_model_len

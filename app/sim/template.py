@@ -44,8 +44,12 @@ def render_chat(
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = True,
     default_system: str | None = SMOLLM2_DEFAULT_SYSTEM,
+    continue_final_message: bool = False,
 ) -> str:
-    """The prompt text for `messages`: `<|im_start|>role\\ncontent<|im_end|>\\n` per turn, tools in the system turn."""
+    """The prompt text for `messages`: `<|im_start|>role\\ncontent<|im_end|>\\n` per turn, tools in the system turn.
+
+    `continue_final_message` leaves the last turn open (vLLM cuts the rendered prompt after its content).
+    """
     if not isinstance(messages, list) or not messages:
         raise TemplateError("messages must be a non-empty list")
     out: list[str] = []
@@ -69,7 +73,8 @@ def render_chat(
         for call in msg.get("tool_calls") or []:
             fn = call.get("function", {}) if isinstance(call, dict) else {}
             text += f"\n<tool_call>\n{_dumps({'name': fn.get('name'), 'arguments': fn.get('arguments')})}\n</tool_call>"
-        out.append(f"<|im_start|>{role}\n{text}<|im_end|>\n")
+        last = continue_final_message and i == len(messages) - 1
+        out.append(f"<|im_start|>{role}\n{text}" + ("" if last else "<|im_end|>\n"))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)
