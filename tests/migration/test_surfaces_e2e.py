@@ -1,0 +1,127 @@
+"""Responses and Messages streams on a SIGKILLed replica continue on the survivor, read through the official SDKs.
+
+Two `kvgate sim` processes behind the gateway (round robin, so two of four streams are on the victim); the
+victim is killed once every stream has text. The SDKs' own stream accumulators (openai's responses.stream,
+anthropic's messages.stream) rebuild the response from the events, so a repeated created/added event, a
+foreign item id or a jump in the numbering would break them; ignore_eos makes every stream produce exactly
+the tokens asked for, so a duplicated or missing delta shows in the summed usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.routing.test_faults_e2e import MODEL, SimProcess, cluster  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.slow
+
+TOKENS = 400
+Cluster = tuple[str, SimProcess, SimProcess]
+
+
+async def _responses_stream(gw: str, i: int, has_text: Callable[[], None]) -> dict[str, Any]:
+    client = openai.AsyncOpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0, timeout=30)
+    seen: dict[str, Any] = {"types": [], "seq": [], "deltas": [], "item_ids": set()}
+    async with client.responses.stream(model=MODEL, input=f"stream {i}", max_output_tokens=TOKENS,
+                                       extra_body={"ignore_eos": True}) as stream:  # fmt: skip
+        async for event in stream:
+            seen["types"].append(event.type)
+            seen["seq"].append(event.sequence_number)
+            if event.type == "response.output_text.delta":
+                if not seen["deltas"]:
+                    has_text()
+                seen["deltas"].append(event.delta)
+                seen["item_ids"].add(event.item_id)
+        # The SDK yields a stream's error event and ends (no response.completed to accumulate).
+        seen["final"] = await stream.get_final_response() if "error" not in seen["types"] else None
+    await client.close()
+    return seen
+
+
+async def _messages_stream(gw: str, i: int, has_text: Callable[[], None]) -> dict[str, Any]:
+    client = anthropic.AsyncAnthropic(base_url=gw, api_key="EMPTY", max_retries=0, timeout=30)
+    seen: dict[str, Any] = {"types": [], "deltas": [], "indexes": set()}
+    async with client.messages.stream(model=MODEL, max_tokens=TOKENS, messages=[{"role": "user",
+                                      "content": f"stream {i}"}], extra_body={"ignore_eos": True}) as stream:  # fmt: skip
+        async for event in stream:
+            seen["types"].append(event.type)
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                if not seen["deltas"]:
+                    has_text()
+                seen["deltas"].append(event.delta.text)
+                seen["indexes"].add(event.index)
+        seen["final"] = await stream.get_final_message()
+    await client.close()
+    return seen
+
+
+async def _kill_midway(cluster: Cluster, one: Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]
+                       ) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
+    gw, _, victim = cluster
+    started = asyncio.Event()
+    count = [0]
+
+    def has_text() -> None:
+        count[0] += 1
+        if count[0] == 4:
+            started.set()
+
+    tasks = [asyncio.create_task(one(gw, i, has_text)) for i in range(4)]
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.to_thread(victim.kill)
+    results = await asyncio.gather(*tasks)
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(gw + "/metrics")).text
+    return results, metrics
+
+
+async def test_responses_streams_on_a_killed_replica_read_as_one_response_each(cluster: Cluster) -> None:
+    results, metrics = await _kill_midway(cluster, _responses_stream)
+    for seen in results:
+        assert "error" not in seen["types"]
+        assert seen["types"].count("response.created") == 1 and seen["types"].count("response.output_item.added") == 1
+        assert seen["seq"] == list(range(len(seen["seq"])))
+        final = seen["final"]
+        assert len(seen["item_ids"]) == 1 and [item.id for item in final.output] == list(seen["item_ids"])
+        assert final.output_text == "".join(seen["deltas"])
+        assert final.usage.output_tokens == TOKENS  # every token asked for, none twice
+    assert 'gateway_stream_migrations_total{outcome="migrated",pool="main"} 2.0' in metrics
+
+
+async def test_messages_streams_on_a_killed_replica_read_as_one_message_each(cluster: Cluster) -> None:
+    results, metrics = await _kill_midway(cluster, _messages_stream)
+    for seen in results:
+        assert seen["types"].count("message_start") == 1 and seen["types"].count("content_block_start") == 1
+        assert seen["types"][-2:] == ["message_delta", "message_stop"] and seen["indexes"] == {0}
+        final = seen["final"]
+        assert len(final.content) == 1 and final.content[0].text == "".join(seen["deltas"])
+        assert final.stop_reason == "max_tokens" and final.usage.output_tokens == TOKENS
+    assert 'gateway_stream_migrations_total{outcome="migrated",pool="main"} 2.0' in metrics
+
+
+@pytest.mark.parametrize("cluster", [0], indirect=True)
+async def test_without_migration_both_apis_end_a_cut_stream_with_their_error_event(cluster: Cluster) -> None:
+    responses, _ = await _kill_midway(cluster, _responses_stream)
+    assert [seen["types"][-1] == "error" for seen in responses].count(True) == 2
+    await asyncio.to_thread(cluster[2].start)
+    await asyncio.sleep(1.5)  # probed healthy again, back in the rotation
+    messages, _ = await _kill_midway(cluster, _expect_error(_messages_stream))
+    assert sum(isinstance(seen.get("error"), anthropic.APIStatusError) for seen in messages) == 2
+
+
+def _expect_error(one: Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]
+                  ) -> Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]:  # fmt: skip
+    async def run(gw: str, i: int, has_text: Callable[[], None]) -> dict[str, Any]:
+        try:
+            return await one(gw, i, has_text)
+        except anthropic.APIError as err:  # the SDK raises a stream's error event
+            return {"error": err}
+
+    return run
