@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.routing.test_faults_e2e import MODEL, SimProcess, cluster  # noqa: F401  (the fixture)
+from tests.routing.test_faults_e2e import MODEL, SimProcess
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +48,9 @@ async def _responses_stream(gw: str, i: int, has_text: Callable[[], None]) -> di
 async def _messages_stream(gw: str, i: int, has_text: Callable[[], None]) -> dict[str, Any]:
     client = anthropic.AsyncAnthropic(base_url=gw, api_key="EMPTY", max_retries=0, timeout=30)
     seen: dict[str, Any] = {"types": [], "deltas": [], "indexes": set()}
-    async with client.messages.stream(model=MODEL, max_tokens=TOKENS, messages=[{"role": "user",
-                                      "content": f"stream {i}"}], extra_body={"ignore_eos": True}) as stream:  # fmt: skip
+    messages = [{"role": "user", "content": f"stream {i}"}]
+    async with client.messages.stream(model=MODEL, max_tokens=TOKENS, messages=messages,  # type: ignore[arg-type]
+                                      extra_body={"ignore_eos": True}) as stream:  # fmt: skip
         async for event in stream:
             seen["types"].append(event.type)
             if event.type == "content_block_delta" and event.delta.type == "text_delta":
@@ -62,9 +63,9 @@ async def _messages_stream(gw: str, i: int, has_text: Callable[[], None]) -> dic
     return seen
 
 
-async def _kill_midway(cluster: Cluster, one: Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]
+async def _kill_midway(sims: Cluster, one: Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]
                        ) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
-    gw, _, victim = cluster
+    gw, _, victim = sims
     started = asyncio.Event()
     count = [0]
 
