@@ -5,8 +5,10 @@ One pool of two replicas behind a `kvgate serve` process (default policy, 2 retr
                  restarted: every request must succeed (the gateway retries on the survivor), and requests must
                  reach the restarted replica again (its own request counter, which restarts at 0, grows).
   streaming      N long streams run; once every one has its first token the replica is killed: streams on the
-                 survivor complete, streams on the victim end with `data: {"error": ...}` then `data: [DONE]`,
-                 none ends without [DONE].
+                 survivor complete; streams on the victim continue on the survivor (upstream.max_migrations,
+                 app/migration/) or, with --max-migrations 0, end with the API's error event (chat: then
+                 `data: [DONE]`); none ends without it. --api chat|responses|messages picks the streams' API
+                 (experiments/fault_streams.py checks each stream reads as one answer in that API's events).
 
   --target sim   two `kvgate sim` processes (h100-8b); the load keeps running through kill, restart and rejoin.
   --target vllm  the real vLLM-CPU servers on :8001 and :8002 (scripts/vllm-cpu.sh); the victim is :8002's
@@ -14,6 +16,7 @@ One pool of two replicas behind a `kvgate serve` process (default policy, 2 retr
                  (40-90 s), then a second short load shows it rejoins. Both servers are left running.
 
     .venv/bin/python experiments/routing_faults.py --target sim
+    .venv/bin/python experiments/routing_faults.py --target sim --api responses --streams-only
     .venv/bin/python experiments/routing_faults.py --target vllm
 """
 
@@ -35,10 +38,10 @@ from typing import Any
 
 import aiohttp
 import httpx
-import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fault_streams import APIS, StreamOutcome, one_stream
 from procs import (
     MODEL,
     ROOT,
@@ -56,27 +59,6 @@ from app.bench.spec import BenchSpec
 
 RUN_DIR = Path(os.environ.get("KVGATE_CACHE", str(Path.home() / ".cache" / "kvgate"))) / "run"
 VLLM_SCRIPT = ROOT / "scripts" / "vllm-cpu.sh"
-
-
-@dataclass
-class StreamOutcome:
-    """How one stream ended."""
-
-    first_token: bool = False
-    chunks: int = 0
-    error: str | None = None
-    error_then_done: bool = False
-    done: bool = False
-    transport_error: str | None = None
-    ids: set[str] = field(default_factory=set)
-    roles: int = 0
-    finishes: list[str] = field(default_factory=list)
-    completion_tokens: int | None = None
-
-    def whole(self, max_tokens: int) -> bool:
-        """One stream to the client: one id, one role chunk, one finish, and every token asked for (ignore_eos)."""
-        return (self.done and self.error is None and len(self.ids) == 1 and self.roles == 1
-                and self.finishes == ["length"] and self.completion_tokens == max_tokens)
 
 
 @dataclass
@@ -121,60 +103,15 @@ def nonstream_spec(gw_url: str, concurrency: int, duration_s: float, max_tokens:
                      max_tokens=max_tokens, stream=False, seed=seed, timeout_s=120)
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int, out: StreamOutcome,
-                     started: asyncio.Event, n_started: list[int], n_total: int) -> None:
-    """Read one SSE stream to its end and classify how it ended."""
-    body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": f"Stream number {i:03d}: write a long story about replica "
-                                                    f"failover, retries and circuit breakers. Seed {i * 7919}."}]}
-    buf = b""
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            if resp.status != 200:
-                out.transport_error = f"HTTP {resp.status}"
-                return
-            async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    if not event.startswith(b"data:"):
-                        continue
-                    data = event[5:].strip()
-                    if data == b"[DONE]":
-                        out.done = True
-                        out.error_then_done = out.error is not None
-                        continue
-                    doc = orjson.loads(data)
-                    if "error" in doc:
-                        out.error = str(doc["error"].get("message", ""))[:120]
-                    else:
-                        out.ids.add(doc.get("id"))
-                        for ch in doc.get("choices") or ():
-                            out.roles += bool(ch.get("delta", {}).get("role"))
-                            if ch.get("finish_reason"):
-                                out.finishes.append(ch["finish_reason"])
-                        if doc.get("usage"):
-                            out.completion_tokens = doc["usage"].get("completion_tokens")
-                    if "error" not in doc and doc.get("choices") and not out.first_token:
-                        out.first_token = True
-                        n_started[0] += 1
-                        if n_started[0] >= n_total:
-                            started.set()
-                    out.chunks += 1
-    except (aiohttp.ClientError, TimeoutError) as err:
-        out.transport_error = type(err).__name__
-
-
-async def streaming_phase(gw_url: str, n: int, max_tokens: int, kill: Callable[[], None],
+async def streaming_phase(gw_url: str, api: str, n: int, max_tokens: int, kill: Callable[[], None],
                           timeout_s: float) -> list[StreamOutcome]:
-    """Open n streams, kill the victim once all have a first token, read every stream to its end."""
+    """Open n streams of `api`, kill the victim once all have a first token, read every stream to its end."""
     outcomes = [StreamOutcome() for _ in range(n)]
     started = asyncio.Event()
     n_started = [0]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        tasks = [asyncio.create_task(one_stream(session, gw_url, i, max_tokens, outcomes[i], started, n_started, n))
-                 for i in range(n)]
+        tasks = [asyncio.create_task(one_stream(session, gw_url, api, MODEL, i, max_tokens, outcomes[i], started,
+                                                n_started, n)) for i in range(n)]  # fmt: skip
         # On timeout kill anyway; streams without a first token are reported as such.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(started.wait(), timeout_s / 2)
@@ -216,6 +153,13 @@ def print_episode(ep: Episode, args: argparse.Namespace) -> None:
     """Tables for one target."""
     print()
     print(f"target {ep.target}: one pool of 2 replicas behind kvgate serve (retries 2, breaker 5 failures)")
+    if ep.load is not None:
+        print_nonstream(ep, args)
+    print_streams(ep, args)
+
+
+def print_nonstream(ep: Episode, args: argparse.Namespace) -> None:
+    """The non-streaming phase's table."""
     print(f"non-streaming load: chat workload, closed loop concurrency {args.concurrency}, max_tokens "
           f"{args.max_tokens}; victim SIGKILLed at {ep.kill_at_s:.1f} s, restarted (healthy) at "
           f"{ep.restarted_at_s:.1f} s")
@@ -231,6 +175,10 @@ def print_episode(ep: Episode, args: argparse.Namespace) -> None:
     rejoin = "never" if ep.rejoined_after_s is None else f"{ep.rejoined_after_s:.1f} s after it was healthy"
     print(f"victim rejoined: first request finished on it {rejoin}; it served "
           f"{ep.victim_requests_after_restart:.0f} requests after the restart; gateway /ready {ep.ready_after}")
+
+
+def print_streams(ep: Episode, args: argparse.Namespace) -> None:
+    """How the streams ended, and the route decisions and migration outcomes behind it."""
     for k, v in sorted(ep.decisions.items()):
         if v:
             print(f"    {k.split('{', 1)[1].rstrip('}')}  {v:.0f}")
@@ -238,16 +186,19 @@ def print_episode(ep: Episode, args: argparse.Namespace) -> None:
         n = len(ep.streams)
         started = sum(o.first_token for o in ep.streams)
         clean = sum(o.done and o.error is None for o in ep.streams)
-        err_done = sum(o.error_then_done for o in ep.streams)
+        err_done = sum(o.error_then_end for o in ep.streams)
         broken = sum(not o.done for o in ep.streams)
         print()
-        print(f"streaming: {n} streams (max_tokens {args.stream_tokens}, ignore_eos), victim killed after "
-              f"{started}/{n} had their first token")
-        whole = sum(o.whole(args.stream_tokens) for o in ep.streams)
+        print(f"streaming ({args.api}): {n} streams (max_tokens {args.stream_tokens}, ignore_eos), victim killed "
+              f"after {started}/{n} had their first token")
+        whole = sum(o.whole(args.api, args.stream_tokens) for o in ep.streams)
+        migrated = sum(v for k, v in ep.decisions.items()
+                       if k.startswith("gateway_stream_migrations_total") and 'outcome="migrated"' in k)
         print(f"{'completed normally':34s} {clean:5d}")
-        print(f"{'  of which whole (1 id, 1 role, all tokens)':34s} {whole:5d}")
-        print(f"{'error event, then [DONE]':34s} {err_done:5d}")
-        print(f"{'ended without [DONE]':34s} {broken:5d}")
+        print(f"{'  of which whole (1 id, 1 opening, all tokens)':34s} {whole:5d}")
+        print(f"{'error event, then the end':34s} {err_done:5d}")
+        print(f"{'ended without its end event':34s} {broken:5d}")
+        print(f"{'migrated':34s} {migrated:5.0f}")
         msgs = {o.error for o in ep.streams if o.error}
         for m in sorted(msgs):
             print(f"    error: {m}")
@@ -276,11 +227,12 @@ async def run_sims(args: argparse.Namespace) -> None:
         for s in sims:
             await asyncio.to_thread(s.start)
         await asyncio.to_thread(gw.start, "/ready")
-        await nonstream_episode(ep, gw.url, victim.url, victim.kill, restart, args, continuous=True)
-        ep.ready_after = await asyncio.to_thread(ready_status, gw.url)
-        ep.survivor_requests = request_count(survivor.url)
-        await asyncio.sleep(3)  # the restarted victim is probed healthy again before the streams start
-        ep.streams = await streaming_phase(gw.url, args.streams, args.stream_tokens, victim.kill, 120)
+        if not args.streams_only:
+            await nonstream_episode(ep, gw.url, victim.url, victim.kill, restart, args, continuous=True)
+            ep.ready_after = await asyncio.to_thread(ready_status, gw.url)
+            ep.survivor_requests = request_count(survivor.url)
+            await asyncio.sleep(3)  # the restarted victim is probed healthy again before the streams start
+        ep.streams = await streaming_phase(gw.url, args.api, args.streams, args.stream_tokens, victim.kill, 120)
         gwm = scrape(gw.url)
         ep.decisions = {k: v for k, v in gwm.items()
                         if k.startswith(("gateway_route_decisions_total", "gateway_stream_migrations_total"))}
@@ -338,7 +290,7 @@ async def run_vllm(args: argparse.Namespace) -> None:
         ep.survivor_requests = request_count(fast)
         if args.streams:
             await asyncio.sleep(3)
-            ep.streams = await streaming_phase(gw.url, args.streams, args.stream_tokens,
+            ep.streams = await streaming_phase(gw.url, args.api, args.streams, args.stream_tokens,
                                                lambda: kill_vllm("bulk"), 180)
             await asyncio.to_thread(start_vllm)
         gwm = scrape(gw.url)
@@ -364,6 +316,9 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=None)
     p.add_argument("--stream-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api", choices=APIS, default="chat",
+                   help="the streams' API: chat completions, Responses (/v1/responses) or Messages (/v1/messages)")
+    p.add_argument("--streams-only", action="store_true", help="sim: skip the non-streaming kill/restart phase")
     p.add_argument("--max-migrations", type=int, default=1,
                    help="upstream.max_migrations of the gateway (0: streams cut by the victim end with an error)")
     args = p.parse_args()
