@@ -192,7 +192,7 @@ class Dispatcher:
         assert route.target is not None
         served = self.cfg.pools[route.pool].served_model
         sent = await self._count_tokens(route.replica, served, got.text) or got.chunks
-        resend = migration.continuation(ctx, got, sent, served=served, priority=route.priority)
+        resend = migration.continuation(ctx, got, sent, served, route.priority)
         lease = Lease(route.target)
         try:
             payload = orjson.dumps(resend.body)

@@ -9,10 +9,11 @@ dispatcher only call these; chat, Responses and Messages each have a module of t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.api.surfaces.sse import event_doc, event_parts
 from app.context import RequestContext
 
 
@@ -27,6 +28,12 @@ class Delivered:
     id: str | None = None
     created: int | None = None
     unfaithful: str | None = None  # why a continuation could not splice in faithfully (a metric label)
+
+    def blocker(self) -> str | None:
+        """What in the delivered stream rules a faithful continuation out (a metric label), or None."""
+        if self.tool_call:
+            return "tool_call"
+        return self.unfaithful or ("finished" if self.finished else None)
 
 
 class Splicer(Protocol):
@@ -45,27 +52,38 @@ class Resend:
     body: dict[str, Any]
 
 
-class Migration(Protocol):
-    """One surface's way of continuing a cut stream."""
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One surface's way of continuing a cut stream: four pure pieces, called by the relay and the dispatcher."""
 
-    def delivered(self, events: Sequence[bytes]) -> Delivered:
-        """Parse the relayed events."""
-        ...
+    # The relayed events read back (only after a failure: the relay itself does not parse).
+    delivered: Callable[[Sequence[bytes]], Delivered]
+    # Why the stream cannot continue faithfully elsewhere (a metric label), or None; gets the client's body.
+    not_migratable: Callable[[Mapping[str, Any], Delivered], str | None]
+    # The request that continues the delivered text: (ctx, delivered, sent tokens, served model, priority).
+    continuation: Callable[[RequestContext, Delivered, int, str, int | None], Resend]
+    # A fresh splice of the continuation stream into the client's: (delivered, sent tokens).
+    splice: Callable[[Delivered, int], Splicer]
 
-    def not_migratable(self, body: Mapping[str, Any], got: Delivered) -> str | None:
-        """Why this stream cannot continue faithfully elsewhere (a metric label), or None."""
-        ...
 
-    def continuation(
-        self, ctx: RequestContext, got: Delivered, sent_tokens: int, *, served: str, priority: int | None
-    ) -> Resend:
-        """The request that continues the delivered text as the assistant's unfinished turn."""
-        ...
+def same_endpoint(ctx: RequestContext, body: dict[str, Any], served: str, priority: int | None) -> Resend:
+    """A continuation body sent where the request went, through its surface's upstream_body."""
+    out = ctx.surface.upstream_body(body, served_model=served, priority=priority, cache_salt=ctx.cache_salt)
+    return Resend(ctx.path, out)
 
-    def splice(self, got: Delivered, sent_tokens: int) -> Splicer:
-        """A fresh splice of the continuation stream into the client's."""
-        ...
 
+def named_docs(events: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """(event name, JSON object) of each named SSE event that carries one."""
+    for event in events:
+        name, data = event_parts(event)
+        doc = event_doc(data) if data else None
+        if doc is not None:
+            yield name, doc
+
+
+def lowered_caps(body: Mapping[str, Any], fields: Sequence[str], sent_tokens: int) -> dict[str, int]:
+    """The body's output caps lowered by the tokens already sent (at least 1 each), to merge into a continuation."""
+    return {f: max(v - sent_tokens, 1) for f in fields if (v := int_at(body, f)) is not None}
 
 
 def member(doc: Mapping[str, Any], key: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import orjson
 
 from app.api.surfaces.sse import event_doc
 from app.context import RequestContext
-from app.migration.base import Delivered, Resend
+from app.migration.base import Delivered, Migration, Resend, lowered_caps, same_endpoint
 
 _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
 
@@ -61,11 +61,7 @@ def not_migratable(body: Mapping[str, Any], got: Delivered) -> str | None:
         return "n"
     if body.get("logprobs") or body.get("top_logprobs"):
         return "logprobs"
-    if got.tool_call:
-        return "tool_call"
-    if got.finished:
-        return "finished"
-    return None
+    return got.blocker()
 
 
 def continuation(body: Mapping[str, Any], text: str, sent_tokens: int) -> dict[str, Any]:
@@ -76,12 +72,8 @@ def continuation(body: Mapping[str, Any], text: str, sent_tokens: int) -> dict[s
         messages[-1] = {**last, "content": last["content"] + text}  # the client's own prefill, extended
     else:
         messages.append({"role": "assistant", "content": text})
-    out = {**body, "messages": messages, "continue_final_message": True, "add_generation_prompt": False}
-    for cap in _OUTPUT_CAPS:
-        value = body.get(cap)
-        if isinstance(value, int) and not isinstance(value, bool):
-            out[cap] = max(value - sent_tokens, 1)
-    return out
+    return {**body, "messages": messages, "continue_final_message": True, "add_generation_prompt": False,
+            **lowered_caps(body, _OUTPUT_CAPS, sent_tokens)}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -143,30 +135,15 @@ def _role_only(doc: Mapping[str, Any]) -> bool:
     return False
 
 
-class ChatMigration:
-    """Chat completions continue on the same endpoint: vLLM's `continue_final_message` takes the partial turn."""
-
-    def delivered(self, events: Sequence[bytes]) -> Delivered:
-        """The relayed chunks read back."""
-        return delivered(events)
-
-    def not_migratable(self, body: Mapping[str, Any], got: Delivered) -> str | None:
-        """n > 1, logprobs, a half-streamed tool call, a finished stream."""
-        return not_migratable(body, got)
-
-    def continuation(
-        self, ctx: RequestContext, got: Delivered, sent_tokens: int, *, served: str, priority: int | None
-    ) -> Resend:
-        """The original body plus the partial assistant turn, to the same path."""
-        body = ctx.surface.upstream_body(
-            continuation(ctx.body, got.text, sent_tokens), served_model=served, priority=priority,
-            cache_salt=ctx.cache_salt,
-        )  # fmt: skip
-        return Resend(ctx.path, body)
-
-    def splice(self, got: Delivered, sent_tokens: int) -> Splice:
-        """Same id and created, no second role chunk, usage summed."""
-        return Splice(got.id or "", got.created, sent_tokens)
+def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
+    """The original body plus the partial assistant turn, to the same path."""
+    return same_endpoint(ctx, continuation(ctx.body, got.text, sent_tokens), served, priority)
 
 
-CHAT_MIGRATION = ChatMigration()
+def splice(got: Delivered, sent_tokens: int) -> Splice:
+    """Same id and created, no second role chunk, usage summed."""
+    return Splice(got.id or "", got.created, sent_tokens)
+
+
+# Chat completions continue on the same endpoint: vLLM's `continue_final_message` takes the partial turn.
+CHAT_MIGRATION = Migration(delivered, not_migratable, resend, splice)

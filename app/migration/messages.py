@@ -19,7 +19,7 @@ from app.api.surfaces import CHAT
 from app.api.surfaces.messages import anthropic_error_type
 from app.api.surfaces.sse import event_doc, event_parts, named_event
 from app.context import RequestContext
-from app.migration.base import Delivered, Resend, int_at, member
+from app.migration.base import Delivered, Migration, Resend, int_at, lowered_caps, member, named_docs
 from app.migration.messages_chat import chat_request
 
 CHAT_PATH = "/v1/chat/completions"
@@ -38,11 +38,7 @@ def delivered(events: Sequence[bytes]) -> MessagesDelivered:
     """Parse the relayed Messages events."""
     out = MessagesDelivered()
     parts: list[str] = []
-    for event in events:
-        name, data = event_parts(event)
-        doc = event_doc(data) if data else None
-        if doc is None:
-            continue
+    for name, doc in named_docs(events):
         index = doc.get("index")
         if name == b"message_start":
             mid = member(doc, "message").get("id")
@@ -74,13 +70,7 @@ def not_migratable(body: Mapping[str, Any], got: Delivered) -> str | None:
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
         return "reasoning"  # the continuation would have to resume a thinking budget midway
-    if got.tool_call:
-        return "tool_call"
-    if got.unfaithful:
-        return got.unfaithful
-    if got.finished:
-        return "finished"
-    return None
+    return got.blocker()
 
 
 def anthropic_usage(usage: Mapping[str, Any], sent_tokens: int) -> dict[str, Any] | None:
@@ -110,9 +100,7 @@ def continuation(body: Mapping[str, Any], text: str, sent_tokens: int) -> dict[s
     # prompt after it): the delivered text is a new turn, never an extension of that one.
     chat["messages"].append({"role": "assistant", "content": text})
     chat.update(continue_final_message=True, add_generation_prompt=False)
-    cap = body.get("max_tokens")
-    if isinstance(cap, int) and not isinstance(cap, bool):
-        chat["max_tokens"] = max(cap - sent_tokens, 1)
+    chat.update(lowered_caps(body, ("max_tokens",), sent_tokens))
     return chat
 
 
@@ -217,29 +205,18 @@ class MessagesSplice:
         return [*self._close(), named_event("message_delta", delta), stop]
 
 
-class MessagesMigration:
-    """Messages continue through /v1/chat/completions (continue_final_message), spliced as Messages events."""
-
-    def delivered(self, events: Sequence[bytes]) -> MessagesDelivered:
-        """The relayed events read back."""
-        return delivered(events)
-
-    def not_migratable(self, body: Mapping[str, Any], got: Delivered) -> str | None:
-        """Extended thinking, a tool_use or thinking block half-streamed, a finished stream."""
-        return not_migratable(body, got)
-
-    def continuation(
-        self, ctx: RequestContext, got: Delivered, sent_tokens: int, *, served: str, priority: int | None
-    ) -> Resend:
-        """vLLM's chat request for the body, plus the partial assistant turn, to the chat endpoint."""
-        body = CHAT.upstream_body(continuation(ctx.body, got.text, sent_tokens), served_model=served,
-                                  priority=priority, cache_salt=ctx.cache_salt)  # fmt: skip
-        return Resend(CHAT_PATH, body)
-
-    def splice(self, got: Delivered, sent_tokens: int) -> MessagesSplice:
-        """Chat chunks to the client's Messages events."""
-        assert isinstance(got, MessagesDelivered)
-        return MessagesSplice(got, sent_tokens)
+def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
+    """vLLM's chat request for the body, plus the partial assistant turn, to the chat endpoint."""
+    body = continuation(ctx.body, got.text, sent_tokens)
+    return Resend(CHAT_PATH, CHAT.upstream_body(body, served_model=served, priority=priority,
+                                                cache_salt=ctx.cache_salt))  # fmt: skip
 
 
-MESSAGES_MIGRATION = MessagesMigration()
+def splice(got: Delivered, sent_tokens: int) -> MessagesSplice:
+    """Chat chunks to the client's Messages events."""
+    assert isinstance(got, MessagesDelivered)
+    return MessagesSplice(got, sent_tokens)
+
+
+# Messages continue through /v1/chat/completions (continue_final_message), spliced as Messages events.
+MESSAGES_MIGRATION = Migration(delivered, not_migratable, resend, splice)

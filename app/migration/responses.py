@@ -18,7 +18,7 @@ from typing import Any
 
 from app.api.surfaces.sse import event_doc, event_parts, named_event
 from app.context import RequestContext
-from app.migration.base import Delivered, Resend, int_at, member
+from app.migration.base import Delivered, Migration, Resend, int_at, lowered_caps, member, named_docs, same_endpoint
 
 _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _HEAD = frozenset({"response.created", "response.in_progress", "response.queued"})
@@ -42,11 +42,7 @@ def delivered(events: Sequence[bytes]) -> ResponsesDelivered:
     """Parse the relayed Responses events."""
     out = ResponsesDelivered()
     parts: list[str] = []
-    for event in events:
-        name, data = event_parts(event)
-        doc = event_doc(data) if data else None
-        if doc is None:
-            continue
+    for name, doc in named_docs(events):
         seq = int_at(doc, "sequence_number")
         if seq is not None:
             out.seq = max(out.seq, seq)
@@ -95,13 +91,7 @@ def not_migratable(body: Mapping[str, Any], got: Delivered) -> str | None:
         return "logprobs"
     if body.get("previous_response_id") is not None:
         return "pinned"
-    if got.tool_call:
-        return "tool_call"
-    if got.unfaithful:
-        return got.unfaithful
-    if got.finished:
-        return "finished"
-    return None
+    return got.blocker()
 
 
 def continuation(body: Mapping[str, Any], got: ResponsesDelivered, sent_tokens: int) -> dict[str, Any]:
@@ -113,11 +103,7 @@ def continuation(body: Mapping[str, Any], got: ResponsesDelivered, sent_tokens: 
             "id": got.item_id or "msg_partial", "type": "message", "role": "assistant", "status": "in_progress",
             "content": [{"type": "output_text", "text": got.text, "annotations": []}],
         })  # fmt: skip
-    out = {**body, "input": items}
-    cap = body.get("max_output_tokens")
-    if isinstance(cap, int) and not isinstance(cap, bool):
-        out["max_output_tokens"] = max(cap - sent_tokens, 1)
-    return out
+    return {**body, "input": items, **lowered_caps(body, ("max_output_tokens",), sent_tokens)}
 
 
 class ResponsesSplice:
@@ -241,32 +227,17 @@ def summed_usage(usage: dict[str, Any], sent_tokens: int) -> dict[str, Any]:
     return summed
 
 
-class ResponsesMigration:
-    """Responses continue on /v1/responses: vLLM takes the partial assistant message as the turn to continue."""
-
-    def delivered(self, events: Sequence[bytes]) -> ResponsesDelivered:
-        """The relayed events read back."""
-        return delivered(events)
-
-    def not_migratable(self, body: Mapping[str, Any], got: Delivered) -> str | None:
-        """Logprobs, previous_response_id, a function call or reasoning item, a finished stream."""
-        return not_migratable(body, got)
-
-    def continuation(
-        self, ctx: RequestContext, got: Delivered, sent_tokens: int, *, served: str, priority: int | None
-    ) -> Resend:
-        """The original request plus the partial message item, to the same path."""
-        assert isinstance(got, ResponsesDelivered)
-        body = ctx.surface.upstream_body(
-            continuation(ctx.body, got, sent_tokens), served_model=served, priority=priority,
-            cache_salt=ctx.cache_salt,
-        )  # fmt: skip
-        return Resend(ctx.path, body)
-
-    def splice(self, got: Delivered, sent_tokens: int) -> ResponsesSplice:
-        """A splice into the client's response."""
-        assert isinstance(got, ResponsesDelivered)
-        return ResponsesSplice(got, sent_tokens)
+def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
+    """The original request plus the partial message item, to the same path."""
+    assert isinstance(got, ResponsesDelivered)
+    return same_endpoint(ctx, continuation(ctx.body, got, sent_tokens), served, priority)
 
 
-RESPONSES_MIGRATION = ResponsesMigration()
+def splice(got: Delivered, sent_tokens: int) -> ResponsesSplice:
+    """A splice into the client's response."""
+    assert isinstance(got, ResponsesDelivered)
+    return ResponsesSplice(got, sent_tokens)
+
+
+# Responses continue on /v1/responses: vLLM takes the partial assistant message as the turn to continue.
+RESPONSES_MIGRATION = Migration(delivered, not_migratable, resend, splice)

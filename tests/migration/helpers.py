@@ -10,7 +10,7 @@ import orjson
 from app.api.surfaces.base import Surface
 from app.context import ClassDecision, RequestContext
 from app.dispatch import StreamRelay
-from tests.test_dispatch import FakeTransport
+from tests.test_dispatch import A, B, FakeResponse, FakeTransport, setup
 
 TOKENIZE_3 = b'{"count":3,"max_model_len":2048,"tokens":[1,2,3]}'
 
@@ -48,3 +48,19 @@ def named_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
 async def collect(relay: StreamRelay) -> bytes:
     """Everything the relay sends the client."""
     return b"".join([c async for c in relay.events()])
+
+
+Migrated = tuple[list[tuple[str, dict[str, Any]]], RequestContext, RecordingTransport]
+
+
+async def cut_and_continued(surface: Surface, path: str, body: dict[str, Any], first: list[bytes],
+                            second: list[bytes]) -> Migrated:  # fmt: skip
+    """A stream cut on A after `first`, continued on B with `second` (B's /tokenize counts 3 tokens delivered)."""
+    d, _, _ = setup({})
+    transport = RecordingTransport({A: [FakeResponse(chunks=first, fail_after=len(first))],
+                                    B: [FakeResponse(body=TOKENIZE_3), FakeResponse(chunks=second)]})  # fmt: skip
+    d.transport = transport
+    c = surface_ctx(surface, path, body)
+    relay = await d.run(c, d.cfg.models[0], 0)
+    assert isinstance(relay, StreamRelay)
+    return named_events(await collect(relay)), c, transport

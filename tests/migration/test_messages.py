@@ -8,12 +8,11 @@ import orjson
 
 from app.api.surfaces import MESSAGES
 from app.api.surfaces.sse import named_event
-from app.dispatch import StreamRelay
 from app.migration.messages import MessagesSplice, anthropic_usage, delivered, not_migratable
 from app.sim.messages_wire import MessageEvents
-from tests.migration.helpers import TOKENIZE_3, RecordingTransport, collect, named_events, surface_ctx
+from tests.migration.helpers import Migrated, cut_and_continued, named_events
 from tests.migration.test_chat import chunk, usage
-from tests.test_dispatch import A, B, FakeResponse, setup
+from tests.test_dispatch import B
 
 BODY: dict[str, Any] = {"model": "m", "max_tokens": 10, "stream": True, "system": "Be brief.",
                         "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
@@ -32,15 +31,8 @@ CHAT_CONTINUATION = [chunk(role=True, rid="c2"), chunk("ld", rid="c2"), chunk("!
                      usage(14, 2), b"data: [DONE]\n\n"]  # fmt: skip
 
 
-async def migrated(body: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], Any, RecordingTransport]:
-    d, _, _ = setup({})
-    transport = RecordingTransport({A: [FakeResponse(chunks=first_stream(), fail_after=3)],
-                                    B: [FakeResponse(body=TOKENIZE_3), FakeResponse(chunks=CHAT_CONTINUATION)]})
-    d.transport = transport
-    c = surface_ctx(MESSAGES, "/v1/messages", body)
-    relay = await d.run(c, d.cfg.models[0], 0)
-    assert isinstance(relay, StreamRelay)
-    return named_events(await collect(relay)), c, transport
+async def migrated(body: dict[str, Any]) -> Migrated:
+    return await cut_and_continued(MESSAGES, "/v1/messages", body, first_stream(), CHAT_CONTINUATION)
 
 
 async def test_a_cut_message_stream_continues_in_the_same_text_block() -> None:

@@ -10,7 +10,7 @@ from app.dispatch import StreamRelay
 from app.migration.responses import continuation, delivered, not_migratable
 from app.sim.responses_wire import ResponseEvents, ResponseShape
 from app.sim.surface import Usage
-from tests.migration.helpers import TOKENIZE_3, RecordingTransport, collect, named_events, surface_ctx
+from tests.migration.helpers import Migrated, collect, cut_and_continued, named_events, surface_ctx
 from tests.test_dispatch import A, B, FakeResponse, setup
 
 BODY: dict[str, Any] = {"model": "m", "input": "hi", "stream": True, "max_output_tokens": 10}
@@ -31,16 +31,9 @@ def continuation_stream(usage: Usage) -> list[bytes]:
     return [ev.head(), ev.delta("ld"), ev.delta("!"), ev.tail("length", usage)]
 
 
-async def migrated(body: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], Any, RecordingTransport]:
-    d, _, _ = setup({})
-    transport = RecordingTransport({A: [FakeResponse(chunks=first_stream(), fail_after=3)],
-                                    B: [FakeResponse(body=TOKENIZE_3),
-                                        FakeResponse(chunks=continuation_stream(Usage(20, 2, 4, 0)))]})  # fmt: skip
-    d.transport = transport
-    c = surface_ctx(RESPONSES, "/v1/responses", body)
-    relay = await d.run(c, d.cfg.models[0], 0)
-    assert isinstance(relay, StreamRelay)
-    return named_events(await collect(relay)), c, transport
+async def migrated(body: dict[str, Any]) -> Migrated:
+    second = continuation_stream(Usage(20, 2, 4, 0))
+    return await cut_and_continued(RESPONSES, "/v1/responses", body, first_stream(), second)
 
 
 async def test_a_cut_response_stream_continues_as_one_response_with_one_item() -> None:
