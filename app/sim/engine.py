@@ -156,9 +156,13 @@ class Engine:
 
     # ------------------------------------------------------------- requests
     def sequence_plan(
-        self, seed: int | None, prompt: Sequence[int], index: int, ignore_eos: bool
+        self, seed: int | None, prompt: Sequence[int], index: int, ignore_eos: bool, resume: Sequence[int] = ()
     ) -> tuple[int, int | None]:
-        """(offset into the output stream, EOS position or None) for one choice: a pure function of seed/prompt."""
+        """(offset into the output stream, EOS position or None) for one choice: a pure function of seed/prompt.
+
+        A seeded sequence whose prompt ends with the first tokens it would produce (`resume`: an open assistant
+        turn) goes on after them, as a deterministic model continues its own text.
+        """
         if seed is None:
             key = hashlib.blake2b(repr((self.config.seed, tuple(prompt), index)).encode(), digest_size=8).digest()
         else:
@@ -166,6 +170,11 @@ class Engine:
         rng = random.Random(int.from_bytes(key, "little"))
         offset = rng.randrange(OUTPUT_TABLE_LEN)
         eos_at = None if ignore_eos else 1 + int(rng.expovariate(1.0 / max(self.config.mean_output_tokens, 1)))
+        k = len(resume)
+        if seed is not None and k and all(self.out_ids[(offset + j) % OUTPUT_TABLE_LEN] == t
+                                          for j, t in enumerate(resume)):  # fmt: skip
+            offset = (offset + k) % OUTPUT_TABLE_LEN
+            eos_at = None if eos_at is None else max(eos_at - k, 1)
         return offset, eos_at
 
     def submit(
@@ -180,12 +189,13 @@ class Engine:
         salt: str | None,
         priority: int,
         sink: Callable[[int, int, int], None] | None = None,
+        resume: Sequence[int] = (),
     ) -> OutputStream:
         """Queue n sequences for one API request; their tokens arrive on the returned stream (or its sink)."""
         stream = OutputStream(n, sink)
         now = time.monotonic()
         for i in range(n):
-            offset, eos_at = self.sequence_plan(seed, prompt, i, ignore_eos)
+            offset, eos_at = self.sequence_plan(seed, prompt, i, ignore_eos, resume)
             self._seq += 1
             req = SimRequest(
                 rid if n == 1 else f"{rid}_{i}",

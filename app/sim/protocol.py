@@ -104,6 +104,9 @@ class GenRequest:
     priority: int
     salt: str | None
     echo_prompt: str | None  # completions with echo=true
+    # The open assistant turn's tokens under continue_final_message: a seeded sequence that began with them
+    # resumes after them (the engine's resume), as a deterministic model continues its own text.
+    resume_ids: tuple[int, ...] = ()
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int | None = None) -> int | None:
@@ -115,6 +118,14 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int | N
     if lo is not None and v < lo:
         raise SimHTTPError(400, f"{name} must be at least {lo}, got {v}.", "BadRequestError", name)
     return v
+
+
+def open_turn_ids(tokenizer: Tokenizer, messages: list[Any]) -> tuple[int, ...]:
+    """The tokens of a final assistant turn left open for continuation (empty when there is none)."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant" or not isinstance(last.get("content"), str):
+        return ()
+    return tuple(tokenizer.encode(last["content"], add_special_tokens=False))
 
 
 def parse_generation(
@@ -164,6 +175,7 @@ def parse_generation(
         max_tok = body.get("max_completion_tokens")
         if max_tok is None:
             max_tok = body.get("max_tokens")
+        resume = open_turn_ids(tokenizer, messages) if body.get("continue_final_message") else ()
     else:
         prompt = body.get("prompt")
         if prompt is None or prompt == "" or prompt == []:
@@ -180,6 +192,7 @@ def parse_generation(
         else:
             raise SimHTTPError(400, "The sim accepts one prompt per request", "BadRequestError", "prompt")
         max_tok = body.get("max_tokens", 16)  # OpenAI completions default
+        resume = ()
     n = _int_field(body, "n", 1)
     if n is None or n < 1:
         raise SimHTTPError(400, f"n must be at least 1, got {n}.", "BadRequestError", None)
@@ -233,4 +246,5 @@ def parse_generation(
         priority=priority,
         salt=salt,
         echo_prompt=echo,
+        resume_ids=resume,
     )

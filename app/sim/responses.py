@@ -18,7 +18,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.sim.protocol import SimHTTPError, _validation_error, check_tool_choice, validate_cache_salt
+from app.sim.protocol import SimHTTPError, _validation_error, check_tool_choice, open_turn_ids, validate_cache_salt
 from app.sim.responses_wire import (
     ResponseEvents,
     ResponseShape,
@@ -211,6 +211,7 @@ class ResponsesSurface:
             )
         try:
             cont = continues_final_message(inp)
+            resume = open_turn_ids(st.tokenizer, messages) if cont else ()
             ids = st.chat.token_ids({"messages": messages, "tools": chat_tools(tools) if tools else None,
                                      "add_generation_prompt": not cont, "continue_final_message": cont})
         except TemplateError as e:
@@ -260,6 +261,7 @@ class ResponsesSurface:
             salt=body.get("cache_salt"),
             priority=priority if st.sched_config.policy == "priority" else 0,
             extra={"shape": shape, "store": store, "background": background},
+            resume_ids=resume,
         )
 
     def _remember(self, obj: dict[str, Any]) -> None:

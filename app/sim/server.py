@@ -98,6 +98,7 @@ class GenerationEndpoint:
             salt=gen.salt,
             priority=gen.priority,
             sink=sink,
+            resume=gen.resume_ids,
         )
         watcher = asyncio.create_task(watch_disconnect(receive, st, stream))
         try:

@@ -46,6 +46,7 @@ class Job:
     salt: str | None = None
     priority: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    resume_ids: tuple[int, ...] = ()  # see GenRequest.resume_ids
 
 
 class StreamWriter(Protocol):
@@ -137,6 +138,7 @@ class SurfaceEndpoint:
             salt=job.salt,
             priority=job.priority,
             sink=sink,
+            resume=job.resume_ids,
         )
         watcher = asyncio.create_task(watch_disconnect(receive, st, stream))
         try:

@@ -90,8 +90,9 @@ class FallbackTokenizer:
         return "".join(pieces.get(t, "") for t in ids)
 
     def output_vocab(self) -> list[tuple[int, str]]:
-        """The output words with their ids under this scheme."""
-        return [(self._piece_id(" " + w), " " + w) for w in _OUTPUT_WORDS]
+        """The output words that are one piece under this scheme, with their ids (as HFTokenizer keeps the words
+        that are one token): generated text then tokenizes back to the ids that produced it."""
+        return [(self._piece_id(" " + w), " " + w) for w in _OUTPUT_WORDS if len(_PIECE.findall(" " + w)) == 1]
 
 
 class HFTokenizer:

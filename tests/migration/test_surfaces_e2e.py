@@ -3,8 +3,9 @@
 Two `kvgate sim` processes behind the gateway (round robin, so two of four streams are on the victim); the
 victim is killed once every stream has text. The SDKs' own stream accumulators (openai's responses.stream,
 anthropic's messages.stream) rebuild the response from the events, so a repeated created/added event, a
-foreign item id or a jump in the numbering would break them; ignore_eos makes every stream produce exactly
-the tokens asked for, so a duplicated or missing delta shows in the summed usage.
+foreign item id or a jump in the numbering would break them. Every stream is seeded, and a seeded sim
+continues its own text (app/sim/engine.py, sequence_plan): the spliced text must equal the same request's
+text answered whole afterwards, so a duplicated or missing delta shows; usage must count the tokens asked for.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ async def _responses_stream(gw: str, i: int, has_text: Callable[[], None]) -> di
     client = openai.AsyncOpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0, timeout=30)
     seen: dict[str, Any] = {"types": [], "seq": [], "deltas": [], "item_ids": set()}
     async with client.responses.stream(model=MODEL, input=f"stream {i}", max_output_tokens=TOKENS,
-                                       extra_body={"ignore_eos": True}) as stream:  # fmt: skip
+                                       extra_body={"ignore_eos": True, "seed": i}) as stream:  # fmt: skip
         async for event in stream:
             seen["types"].append(event.type)
             seen["seq"].append(event.sequence_number)
@@ -50,7 +51,7 @@ async def _messages_stream(gw: str, i: int, has_text: Callable[[], None]) -> dic
     seen: dict[str, Any] = {"types": [], "deltas": [], "indexes": set()}
     messages = [{"role": "user", "content": f"stream {i}"}]
     async with client.messages.stream(model=MODEL, max_tokens=TOKENS, messages=messages,  # type: ignore[arg-type]
-                                      extra_body={"ignore_eos": True}) as stream:  # fmt: skip
+                                      extra_body={"ignore_eos": True, "seed": i}) as stream:  # fmt: skip
         async for event in stream:
             seen["types"].append(event.type)
             if event.type == "content_block_delta" and event.delta.type == "text_delta":
@@ -61,6 +62,25 @@ async def _messages_stream(gw: str, i: int, has_text: Callable[[], None]) -> dic
         seen["final"] = await stream.get_final_message()
     await client.close()
     return seen
+
+
+async def _whole_texts(gw: str, api: str) -> list[str]:
+    """The same four requests answered whole (not streamed) by the survivor: what each stream must have read."""
+    if api == "responses":
+        oa = openai.AsyncOpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0, timeout=30)
+        texts = [(await oa.responses.create(model=MODEL, input=f"stream {i}", max_output_tokens=TOKENS,
+                                            extra_body={"ignore_eos": True, "seed": i})).output_text
+                 for i in range(4)]  # fmt: skip
+        await oa.close()
+        return texts
+    an = anthropic.AsyncAnthropic(base_url=gw, api_key="EMPTY", max_retries=0, timeout=30)
+    texts = []
+    for i in range(4):
+        msg = await an.messages.create(model=MODEL, max_tokens=TOKENS, messages=[{"role": "user", "content":
+                                       f"stream {i}"}], extra_body={"ignore_eos": True, "seed": i})  # fmt: skip
+        texts.append("".join(b.text for b in msg.content if b.type == "text"))
+    await an.close()
+    return texts
 
 
 async def _kill_midway(sims: Cluster, one: Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]
@@ -85,6 +105,7 @@ async def _kill_midway(sims: Cluster, one: Callable[[str, int, Callable[[], None
 
 async def test_responses_streams_on_a_killed_replica_read_as_one_response_each(cluster: Cluster) -> None:
     results, metrics = await _kill_midway(cluster, _responses_stream)
+    assert ["".join(seen["deltas"]) for seen in results] == await _whole_texts(cluster[0], "responses")
     for seen in results:
         assert "error" not in seen["types"]
         assert seen["types"].count("response.created") == 1 and seen["types"].count("response.output_item.added") == 1
@@ -98,6 +119,7 @@ async def test_responses_streams_on_a_killed_replica_read_as_one_response_each(c
 
 async def test_messages_streams_on_a_killed_replica_read_as_one_message_each(cluster: Cluster) -> None:
     results, metrics = await _kill_midway(cluster, _messages_stream)
+    assert ["".join(seen["deltas"]) for seen in results] == await _whole_texts(cluster[0], "messages")
     for seen in results:
         assert seen["types"].count("message_start") == 1 and seen["types"].count("content_block_start") == 1
         assert seen["types"][-2:] == ["message_delta", "message_stop"] and seen["indexes"] == {0}

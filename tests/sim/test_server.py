@@ -74,6 +74,25 @@ def test_output_is_deterministic_per_seed_and_differs_across_seeds(client: opena
     assert text(11) != text(12)
 
 
+def test_a_seeded_request_continuing_its_own_opening_goes_on_after_it(client: openai.OpenAI, base: str) -> None:
+    def chat(messages: list[dict[str, str]], n: int, **extra: object) -> str:
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=n, seed=5,  # type: ignore[arg-type]
+                                           extra_body={"ignore_eos": True, **extra})  # fmt: skip
+        return r.choices[0].message.content or ""
+
+    whole = chat(MSGS, 30)
+    opening = chat(MSGS, 12)
+    open_turn = [*MSGS, {"role": "assistant", "content": opening}]
+    rest = chat(open_turn, 18, continue_final_message=True, add_generation_prompt=False)
+    assert opening + rest == whole  # a deterministic model continues its own text (what migration relies on)
+    r = httpx.post(base + "/v1/responses", json={
+        "model": MODEL, "max_output_tokens": 18, "seed": 5, "ignore_eos": True,
+        "input": [*MSGS, {"type": "message", "role": "assistant", "status": "in_progress", "id": "msg_1",
+                          "content": [{"type": "output_text", "text": opening, "annotations": []}]}],
+    })  # fmt: skip
+    assert opening + r.json()["output"][0]["content"][0]["text"] == whole  # vLLM's in-progress item continues
+
+
 def test_ignore_eos_gives_exactly_max_tokens(client: openai.OpenAI) -> None:
     for n in (1, 17, 300):
         r = client.completions.create(model=MODEL, prompt="count with me", max_tokens=n,
