@@ -4,7 +4,9 @@ Each reader sends a body that asks for exactly `max_tokens` tokens (ignore_eos) 
 events, that the client read one uninterrupted answer: one identity (chat id; Responses response and item
 id, consecutive sequence numbers; Messages message id and one text block), one opening, the length finish,
 the final text equal to the deltas (Responses' response.completed, which states the whole text), and usage
-counting exactly the tokens asked for: a duplicated or missing delta shows in the count.
+counting the tokens asked for. Usage alone cannot show a duplicated or missing delta (the continuation is
+capped at what was left, so the sum is right either way): every request is seeded, and on sims, where a seeded
+request continues its own text, `whole_text` asks the same request again unstreamed to compare the texts.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class StreamOutcome:
     deltas: list[str] = field(default_factory=list)
     final_text: str | None = None
     seq: list[int] = field(default_factory=list)
+    same_text: bool | None = None  # the streamed text equals the same request answered whole (sims only)
 
     def whole(self, api: str, max_tokens: int) -> bool:
         """One answer to the client: one identity and opening, the length finish, every token, text that adds up."""
@@ -54,9 +57,10 @@ def request_body(api: str, model: str, i: int, max_tokens: int) -> dict[str, Any
     prompt = (f"Stream number {i:03d}: write a long story about replica failover, retries and circuit breakers. "
               f"Seed {i * 7919}.")  # fmt: skip
     if api == "responses":
-        return {"model": model, "stream": True, "max_output_tokens": max_tokens, "ignore_eos": True, "input": prompt}
+        return {"model": model, "stream": True, "max_output_tokens": max_tokens, "ignore_eos": True, "seed": i,
+                "input": prompt}  # fmt: skip
     body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-                            "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+                            "seed": i, "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
     if api == "chat":
         body["stream_options"] = {"include_usage": True}
     return body
@@ -165,3 +169,16 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: str, model: 
             out.error_then_end = True  # these APIs end with the error event itself, no [DONE]
     except (aiohttp.ClientError, TimeoutError) as err:
         out.transport_error = type(err).__name__
+
+
+async def whole_text(session: aiohttp.ClientSession, url: str, api: str, model: str, i: int, max_tokens: int) -> str:
+    """The text of stream i's request answered whole (not streamed)."""
+    body = {**request_body(api, model, i, max_tokens), "stream": False}
+    body.pop("stream_options", None)
+    async with session.post(url + PATHS[api], json=body) as resp:
+        doc = orjson.loads(await resp.read())
+    if api == "chat":
+        return str(doc["choices"][0]["message"]["content"])
+    if api == "responses":
+        return "".join(c.get("text", "") for item in doc["output"] for c in item.get("content") or ())
+    return "".join(b.get("text", "") for b in doc["content"] if b.get("type") == "text")

@@ -41,7 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fault_streams import APIS, StreamOutcome, one_stream
+from fault_streams import APIS, StreamOutcome, one_stream, whole_text
 from procs import (
     MODEL,
     ROOT,
@@ -104,8 +104,9 @@ def nonstream_spec(gw_url: str, concurrency: int, duration_s: float, max_tokens:
 
 
 async def streaming_phase(gw_url: str, api: str, n: int, max_tokens: int, kill: Callable[[], None],
-                          timeout_s: float) -> list[StreamOutcome]:
-    """Open n streams of `api`, kill the victim once all have a first token, read every stream to its end."""
+                          timeout_s: float, *, check_text: bool = False) -> list[StreamOutcome]:
+    """Open n streams of `api`, kill the victim once all have a first token, read every stream to its end;
+    with check_text, ask each stream's request again whole and compare the texts (sims continue their text)."""
     outcomes = [StreamOutcome() for _ in range(n)]
     started = asyncio.Event()
     n_started = [0]
@@ -117,6 +118,10 @@ async def streaming_phase(gw_url: str, api: str, n: int, max_tokens: int, kill: 
             await asyncio.wait_for(started.wait(), timeout_s / 2)
         await asyncio.to_thread(kill)
         await asyncio.gather(*tasks)
+        if check_text:
+            wholes = await asyncio.gather(*(whole_text(session, gw_url, api, MODEL, i, max_tokens) for i in range(n)))
+            for o, text in zip(outcomes, wholes, strict=True):
+                o.same_text = "".join(o.deltas) == text
     return outcomes
 
 
@@ -196,6 +201,9 @@ def print_streams(ep: Episode, args: argparse.Namespace) -> None:
                        if k.startswith("gateway_stream_migrations_total") and 'outcome="migrated"' in k)
         print(f"{'completed normally':34s} {clean:5d}")
         print(f"{'  of which whole (1 id, 1 opening, all tokens)':34s} {whole:5d}")
+        if any(o.same_text is not None for o in ep.streams):
+            same = sum(bool(o.same_text) and o.whole(args.api, args.stream_tokens) for o in ep.streams)
+            print(f"{'  whole, text = the request answered whole':34s} {same:5d}")
         print(f"{'error event, then the end':34s} {err_done:5d}")
         print(f"{'ended without its end event':34s} {broken:5d}")
         print(f"{'migrated':34s} {migrated:5.0f}")
@@ -232,7 +240,8 @@ async def run_sims(args: argparse.Namespace) -> None:
             ep.ready_after = await asyncio.to_thread(ready_status, gw.url)
             ep.survivor_requests = request_count(survivor.url)
             await asyncio.sleep(3)  # the restarted victim is probed healthy again before the streams start
-        ep.streams = await streaming_phase(gw.url, args.api, args.streams, args.stream_tokens, victim.kill, 120)
+        ep.streams = await streaming_phase(gw.url, args.api, args.streams, args.stream_tokens, victim.kill, 120,
+                                           check_text=True)
         gwm = scrape(gw.url)
         ep.decisions = {k: v for k, v in gwm.items()
                         if k.startswith(("gateway_route_decisions_total", "gateway_stream_migrations_total"))}
