@@ -192,7 +192,7 @@ def print_streams(ep: Episode, args: argparse.Namespace) -> None:
         started = sum(o.first_token for o in ep.streams)
         clean = sum(o.done and o.error is None for o in ep.streams)
         err_done = sum(o.error_then_end for o in ep.streams)
-        broken = sum(not o.done for o in ep.streams)
+        broken = sum(not o.done and not o.error_then_end for o in ep.streams)
         print()
         print(f"streaming ({args.api}): {n} streams (max_tokens {args.stream_tokens}, ignore_eos), victim killed "
               f"after {started}/{n} had their first token")
