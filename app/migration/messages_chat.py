@@ -39,6 +39,11 @@ def _system_text(system: Any) -> str | None:
     return "".join(parts) or None
 
 
+def _schema(schema: Any) -> Any:
+    """AnthropicTool's input_schema as vLLM validates it: `type` defaults to object (added last)."""
+    return {**schema, "type": schema.get("type", "object")} if isinstance(schema, dict) else schema
+
+
 def _tool_result(block: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
     content = block.get("content")
     images: list[str] = []
@@ -126,7 +131,7 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     tools = body.get("tools")
     if isinstance(tools, list):
         chat["tools"] = [{"type": "function", "function": {
-            "name": t.get("name"), "description": t.get("description"), "parameters": t.get("input_schema"),
+            "name": t.get("name"), "description": t.get("description"), "parameters": _schema(t.get("input_schema")),
             "strict": t.get("strict"), "defer_loading": t.get("defer_loading"),
         }} for t in tools if isinstance(t, dict)]  # fmt: skip
         chat.setdefault("tool_choice", "auto")
