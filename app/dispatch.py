@@ -191,7 +191,7 @@ class Dispatcher:
             return None
         assert route.target is not None
         served = self.cfg.pools[route.pool].served_model
-        sent = await self._count_tokens(route.replica, served, got.text) or got.chunks
+        sent = await self._count_tokens(route.replica, served, got.resume_text()) or got.chunks
         resend = migration.continuation(ctx, got, sent, served, route.priority)
         lease = Lease(route.target)
         try:

@@ -3,8 +3,9 @@
 For a greedy (temperature 0) request the whole answer is streamed once; its first K deltas (a token boundary,
 where a cut stream stops) are then sent as the open assistant turn, the way app/migration/ continues a cut
 stream: Responses as an `in_progress` assistant item on /v1/responses (vLLM's should_continue_final_message),
-Messages as vLLM's chat request with `continue_final_message` on /v1/chat/completions. Prints whether opening +
-continuation equals the whole answer, and else how many characters after the cut still agree (a continuation
+Messages as vLLM's chat request with `continue_final_message` on /v1/chat/completions; trailing whitespace is
+held back and dropped from the continuation's start as the gateway does (--no-held-back: sent as it is).
+Prints whether opening + continuation equals the whole answer, and else how many characters after the cut still agree (a continuation
 prefills the delivered tokens in one batch where the original decoded them one by one: vLLM is not bit-exact
 between the two, so a greedy near-tie can flip later on; a splice fault would disagree at the cut itself).
 Read-only: a few small requests to a running server (vLLM or a sim).
@@ -18,6 +19,8 @@ import argparse
 import json
 
 import httpx
+
+from app.migration.base import after_held
 
 
 def streamed_deltas(c: httpx.Client, url: str, body: dict[str, object]) -> list[str]:
@@ -48,6 +51,8 @@ def main() -> None:
     p.add_argument("--url", default="http://127.0.0.1:8001")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--tokens", type=int, default=40)
+    p.add_argument("--no-held-back", dest="held_back", action="store_false",
+                   help="send the opening whole, trailing whitespace included (the gateway holds it back)")
     args = p.parse_args()
     c = httpx.Client(timeout=120)
     prompts = ["Write two sentences about the sea.", "Explain what a circuit breaker does in software.",
@@ -63,20 +68,24 @@ def main() -> None:
         msg_whole = "".join(b.get("text", "") for b in msg.json()["content"])
         for cut in (len(deltas) // 4, len(deltas) // 2, 3 * len(deltas) // 4):
             opening = "".join(deltas[:cut])
-            # What the gateway does: the replica's own /tokenize counts the delivered text (a delta may carry
-            # several tokens, e.g. under speculative decoding).
-            sent = c.post(args.url + "/tokenize", json={"model": args.model, "prompt": opening,
+            # What the gateway does: the partial turn without trailing whitespace (Delivered.resume_text), its
+            # tokens counted by the replica's own /tokenize (a delta may carry several, e.g. speculative).
+            kept = opening.rstrip() or opening if args.held_back else opening
+            held = opening[len(kept):]
+            sent = c.post(args.url + "/tokenize", json={"model": args.model, "prompt": kept,
                                                         "add_special_tokens": False}).json()["count"]
             left = args.tokens - sent
             item = {"id": "msg_cut", "type": "message", "role": "assistant", "status": "in_progress",
-                    "content": [{"type": "output_text", "text": opening, "annotations": []}]}
+                    "content": [{"type": "output_text", "text": kept, "annotations": []}]}
             resp = c.post(args.url + "/v1/responses", json={**base, "max_output_tokens": left,
                                                             "input": [{"role": "user", "content": q}, item]}).json()
-            rest = "".join(part.get("text", "") for it in resp["output"] for part in it.get("content") or ())
+            rest = after_held(held, "".join(part.get("text", "") for it in resp["output"]
+                                            for part in it.get("content") or ()))  # fmt: skip
             chat = {"model": args.model, "max_tokens": left, "temperature": 0, "continue_final_message": True,
                     "add_generation_prompt": False,
-                    "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": opening}]}
-            cont = c.post(args.url + "/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"]
+                    "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": kept}]}
+            cont = after_held(held, c.post(args.url + "/v1/chat/completions", json=chat).json()["choices"][0]
+                              ["message"]["content"])  # fmt: skip
             same_r, same_m = agreement(opening, rest, whole), agreement(opening, cont, msg_whole)
             print(f"{q[:52]:52s} {sent:4d} {same_r:>14s} {same_m:>14s}")
 

@@ -29,6 +29,21 @@ class Delivered:
     created: int | None = None
     unfaithful: str | None = None  # why a continuation could not splice in faithfully (a metric label)
 
+    def resume_text(self) -> str:
+        """The text the continuation is given: the delivered text without its trailing whitespace.
+
+        The replica re-tokenizes the partial turn from text, and a whitespace run the model wrote as separate
+        tokens ("\\n", "\\n") re-tokenizes as one ("\\n\\n"), a context the model never saw, so it may go
+        on differently; ending on the last word keeps the tokens it wrote, and the continuation writes the
+        whitespace again (the splice drops what the client already has, see HeldBack).
+        """
+        kept = self.text.rstrip()
+        return kept if kept else self.text
+
+    def held_back(self) -> str:
+        """The delivered text's tail that the continuation is not given (and will write again)."""
+        return self.text[len(self.resume_text()):]
+
     def blocker(self) -> str | None:
         """What in the delivered stream rules a faithful continuation out (a metric label), or None."""
         if self.tool_call:
@@ -64,6 +79,31 @@ class Migration:
     continuation: Callable[[RequestContext, Delivered, int, str, int | None], Resend]
     # A fresh splice of the continuation stream into the client's: (delivered, sent tokens).
     splice: Callable[[Delivered, int], Splicer]
+
+
+class HeldBack:
+    """Drops the held-back tail (whitespace the client already has) from the start of the continuation's text,
+    as far as the continuation writes it again."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: str) -> None:
+        self.held = held
+
+    def text(self, text: str) -> str:
+        """The part of one continuation text delta the client does not have yet."""
+        if not self.held or not text:
+            return text
+        n = 0
+        while n < len(text) and n < len(self.held) and text[n] == self.held[n]:
+            n += 1
+        self.held = self.held[n:] if n == len(text) else ""
+        return text[n:]
+
+
+def after_held(held: str, text: str) -> str:
+    """A continuation's whole text without the held-back tail it wrote again (HeldBack over all of it)."""
+    return HeldBack(held).text(text)
 
 
 def same_endpoint(ctx: RequestContext, body: dict[str, Any], served: str, priority: int | None) -> Resend:

@@ -17,7 +17,7 @@ import orjson
 
 from app.api.surfaces.sse import event_doc
 from app.context import RequestContext
-from app.migration.base import Delivered, Migration, Resend, lowered_caps, same_endpoint
+from app.migration.base import Delivered, HeldBack, Migration, Resend, lowered_caps, same_endpoint
 
 _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
 
@@ -83,6 +83,7 @@ class Splice:
     orig_id: str
     orig_created: int | None
     sent_tokens: int
+    held: HeldBack = field(default_factory=lambda: HeldBack(""))
     new_id: bytes | None = None
     new_created: bytes | None = None
     first: bool = True
@@ -103,12 +104,24 @@ class Splice:
                 self.first = False
                 return []  # the client already had its role chunk
         self.first = False
+        if self.held.held and b'"content":' in event:
+            event = self._drop_held(event)
         event = event.replace(b'"id":' + self.new_id, b'"id":' + orjson.dumps(self.orig_id))
         if self.new_created is not None and self.orig_created is not None:
             event = event.replace(b'"created":' + self.new_created, b'"created":' + str(self.orig_created).encode())
         if b'"usage":{' in event:
             event = self._sum_usage(event)
         return [event]
+
+    def _drop_held(self, event: bytes) -> bytes:
+        doc = event_doc(event[5:].strip())
+        if doc is None:
+            return event
+        for choice in doc.get("choices") or ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                delta["content"] = self.held.text(delta["content"])
+        return b"data: " + orjson.dumps(doc) + b"\n\n"
 
     def _sum_usage(self, event: bytes) -> bytes:
         doc = event_doc(event[5:].strip())
@@ -137,12 +150,12 @@ def _role_only(doc: Mapping[str, Any]) -> bool:
 
 def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
     """The original body plus the partial assistant turn, to the same path."""
-    return same_endpoint(ctx, continuation(ctx.body, got.text, sent_tokens), served, priority)
+    return same_endpoint(ctx, continuation(ctx.body, got.resume_text(), sent_tokens), served, priority)
 
 
 def splice(got: Delivered, sent_tokens: int) -> Splice:
     """Same id and created, no second role chunk, usage summed."""
-    return Splice(got.id or "", got.created, sent_tokens)
+    return Splice(got.id or "", got.created, sent_tokens, HeldBack(got.held_back()))
 
 
 # Chat completions continue on the same endpoint: vLLM's `continue_final_message` takes the partial turn.

@@ -19,7 +19,7 @@ from app.api.surfaces import CHAT
 from app.api.surfaces.messages import anthropic_error_type
 from app.api.surfaces.sse import event_doc, event_parts, named_event
 from app.context import RequestContext
-from app.migration.base import Delivered, Migration, Resend, int_at, lowered_caps, member, named_docs
+from app.migration.base import Delivered, HeldBack, Migration, Resend, int_at, lowered_caps, member, named_docs
 from app.migration.messages_chat import chat_request
 
 CHAT_PATH = "/v1/chat/completions"
@@ -109,6 +109,7 @@ class MessagesSplice:
 
     def __init__(self, got: MessagesDelivered, sent_tokens: int) -> None:
         self._sent = sent_tokens
+        self._held = HeldBack(got.held_back())
         self._open = got.open_index
         self._open_kind = "text" if got.open_index is not None else ""
         self._next = got.next_index
@@ -146,7 +147,8 @@ class MessagesSplice:
         out: list[bytes] = []
         delta = member(choice, "delta")
         text = delta.get("content")
-        if isinstance(text, str) and text:
+        text = self._held.text(text) if isinstance(text, str) else None
+        if text:
             out += self._start("text", {"type": "text", "text": ""})
             out.append(named_event("content_block_delta", {"type": "content_block_delta", "index": self._open,
                                                            "delta": {"type": "text_delta", "text": text}}))  # fmt: skip
@@ -207,7 +209,7 @@ class MessagesSplice:
 
 def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
     """vLLM's chat request for the body, plus the partial assistant turn, to the chat endpoint."""
-    body = continuation(ctx.body, got.text, sent_tokens)
+    body = continuation(ctx.body, got.resume_text(), sent_tokens)
     return Resend(CHAT_PATH, CHAT.upstream_body(body, served_model=served, priority=priority,
                                                 cache_salt=ctx.cache_salt))  # fmt: skip
 

@@ -18,7 +18,18 @@ from typing import Any
 
 from app.api.surfaces.sse import event_doc, event_parts, named_event
 from app.context import RequestContext
-from app.migration.base import Delivered, Migration, Resend, int_at, lowered_caps, member, named_docs, same_endpoint
+from app.migration.base import (
+    Delivered,
+    HeldBack,
+    Migration,
+    Resend,
+    after_held,
+    int_at,
+    lowered_caps,
+    member,
+    named_docs,
+    same_endpoint,
+)
 
 _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _HEAD = frozenset({"response.created", "response.in_progress", "response.queued"})
@@ -101,7 +112,7 @@ def continuation(body: Mapping[str, Any], got: ResponsesDelivered, sent_tokens: 
     if got.text:
         items.append({
             "id": got.item_id or "msg_partial", "type": "message", "role": "assistant", "status": "in_progress",
-            "content": [{"type": "output_text", "text": got.text, "annotations": []}],
+            "content": [{"type": "output_text", "text": got.resume_text(), "annotations": []}],
         })  # fmt: skip
     return {**body, "input": items, **lowered_caps(body, ("max_output_tokens",), sent_tokens)}
 
@@ -117,6 +128,7 @@ class ResponsesSplice:
         self._indexes: dict[int, int] = {}  # continuation output_index -> the client's
         self._next_index = got.items
         self._extends: str | None = None  # the continuation's id of the item that extends the client's
+        self._held = HeldBack(got.held_back())
 
     def rewrite(self, event: bytes) -> list[bytes]:
         """The client's events for one continuation event."""
@@ -134,6 +146,10 @@ class ResponsesSplice:
             return []
         self._remap(doc)
         if doc.get("item_id") is not None and doc.get("item_id") == self._got.item_id:
+            if kind == "response.output_text.delta" and isinstance(doc.get("delta"), str):
+                doc["delta"] = self._held.text(doc["delta"])
+                if not doc["delta"]:
+                    return []  # all of it was text the client has
             self._prefix_done(kind, doc)
         if kind == "response.output_item.done" and isinstance(doc.get("item"), dict):
             doc["item"] = self._item(doc["item"])
@@ -171,14 +187,18 @@ class ResponsesSplice:
     def _prefix_done(self, kind: str, doc: dict[str, Any]) -> None:
         # The done events of the extended part state its whole text: what the client had, then the rest.
         if kind == "response.output_text.done" and isinstance(doc.get("text"), str):
-            doc["text"] = self._got.text + doc["text"]
+            doc["text"] = self._whole(doc["text"])
         elif kind == "response.content_part.done" and isinstance(doc.get("part"), dict):
             doc["part"] = self._part(doc["part"])
 
     def _part(self, part: dict[str, Any]) -> dict[str, Any]:
         if part.get("type") == "output_text" and isinstance(part.get("text"), str):
-            return {**part, "text": self._got.text + part["text"]}
+            return {**part, "text": self._whole(part["text"])}
         return part
+
+    def _whole(self, continued: str) -> str:
+        """The extended part's whole text: what the client had, then what the continuation added to it."""
+        return self._got.text + after_held(self._got.held_back(), continued)
 
     def _item(self, item: dict[str, Any]) -> dict[str, Any]:
         cid = item.get("id")

@@ -123,3 +123,19 @@ def test_the_splice_keeps_the_original_identity_and_sums_usage() -> None:
     [summed] = s.rewrite(usage(20, 3, rid="c9", created=7))
     assert orjson.loads(summed[6:])["usage"]["prompt_tokens"] == 16
     assert orjson.loads(summed[6:])["usage"]["completion_tokens"] == 7
+
+
+async def test_trailing_whitespace_is_held_back_and_not_sent_twice() -> None:
+    # "\n", "\n" as the model wrote them would re-tokenize as one "\n\n": the continuation gets the text up to
+    # the last word and writes the newlines again; the client, who has them, does not get them twice.
+    first = [chunk(role=True), chunk("Colors:"), chunk("\n"), chunk("\n")]
+    second = [chunk(role=True, rid="c2"), chunk("\n\n", rid="c2"), chunk("1. Red", rid="c2", finish="length"),
+              usage(14, 3), b"data: [DONE]\n\n"]  # fmt: skip
+    d, _, _ = setup({A: [FakeResponse(chunks=first, fail_after=4)],
+                     B: [FakeResponse(body=TOKENIZE), FakeResponse(chunks=second)]})  # fmt: skip
+    c = ctx(stream=True)
+    relay = await d.run(c, d.cfg.models[0], 0)
+    assert isinstance(relay, StreamRelay)
+    out = await collect(relay)
+    events = [orjson.loads(line[6:]) for line in out.split(b"\n\n") if line.startswith(b"data: {")]
+    assert "".join(ch["delta"].get("content") or "" for e in events for ch in e["choices"]) == "Colors:\n\n1. Red"

@@ -110,3 +110,14 @@ async def test_an_engine_error_in_the_continuation_ends_with_anthropics_error_ev
     out = s.rewrite(b'data: {"error":{"message":"boom","type":"InternalServerError","code":500}}\n\n')
     [(name, doc)] = named_events(b"".join(out))
     assert name == "error" and doc["error"] == {"type": "api_error", "message": "boom"}
+
+
+def test_held_back_whitespace_the_continuation_writes_again_is_not_sent_twice() -> None:
+    ev = MessageEvents("msg_a", "m", 11, details=False)
+    journal = [e + b"\n\n" for part in (ev.head(), ev.delta("Colors:"), ev.delta("\n"), ev.delta("\n"))
+               for e in part.split(b"\n\n") if e]  # fmt: skip
+    got = delivered(journal)
+    assert got.resume_text() == "Colors:" and got.held_back() == "\n\n"
+    s = MessagesSplice(got, 2)
+    out = s.rewrite(chunk("\n", rid="c2")) + s.rewrite(chunk("\n1.", rid="c2"))
+    assert [d["delta"]["text"] for _, d in named_events(b"".join(out))] == ["1."]

@@ -7,7 +7,7 @@ from typing import Any
 from app.api.surfaces import RESPONSES
 from app.api.surfaces.sse import named_event
 from app.dispatch import StreamRelay
-from app.migration.responses import continuation, delivered, not_migratable
+from app.migration.responses import ResponsesSplice, continuation, delivered, not_migratable
 from app.sim.responses_wire import ResponseEvents, ResponseShape
 from app.sim.surface import Usage
 from tests.migration.helpers import Migrated, collect, cut_and_continued, named_events, surface_ctx
@@ -106,3 +106,18 @@ async def test_a_response_asking_for_logprobs_ends_with_the_error_event_and_coun
     events = named_events(await collect(relay))
     assert events[-1][0] == "error" and c.migration_outcomes == ["logprobs"] and c.migrations == 0
     assert c.usage.completion_tokens == 2 and c.usage_estimated  # billed for the two deltas delivered
+
+
+def test_held_back_whitespace_is_dropped_from_the_deltas_and_the_done_text_is_whole() -> None:
+    ev = ResponseEvents(ResponseShape(rid="resp_a", created=100, model="m", max_output_tokens=10))
+    journal = [e + b"\n\n" for part in (ev.head(), ev.delta("Colors:"), ev.delta("\n\n"))
+               for e in part.split(b"\n\n") if e]  # fmt: skip
+    got = delivered(journal)
+    assert continuation(BODY, got, 2)["input"][-1]["content"][0]["text"] == "Colors:"
+    cont = ResponseEvents(ResponseShape(rid="resp_b", created=200, model="m", max_output_tokens=8))
+    raw = cont.head() + cont.delta("\n") + cont.delta("\n1. Red") + cont.tail("length", Usage(9, 3, 0, 0))
+    s = ResponsesSplice(got, 2)
+    events = named_events(b"".join(e for part in raw.split(b"\n\n") if part for e in s.rewrite(part + b"\n\n")))
+    assert [d["delta"] for n, d in events if n == "response.output_text.delta"] == ["1. Red"]
+    assert dict(events)["response.output_text.done"]["text"] == "Colors:\n\n1. Red"
+    assert dict(events)["response.completed"]["response"]["output"][0]["content"][0]["text"] == "Colors:\n\n1. Red"
