@@ -33,7 +33,7 @@ from app.routing.classify import classify
 from app.routing.discovery import Discoverer
 from app.routing.kv_events import KvEventsParams
 from app.routing.prefix_key import routing_key
-from app.routing.response_affinity import Holder, ResponseRoutes, response_not_found
+from app.routing.response_affinity import Holder, ResponseRoutes
 from app.routing.scraper import Scraper
 from app.routing.spill import cached_home_and_other
 from app.routing.state import ClusterState, ReplicaState
@@ -216,9 +216,7 @@ class Gateway:
         assert self.dispatcher is not None, "Gateway.start() opens the upstream"
         previous = ctx.body.get("previous_response_id") if ctx.surface is RESPONSES else None
         if isinstance(previous, str):
-            holder = await self.responses.recall(previous)
-            if holder is None:
-                raise response_not_found(previous)
+            holder = ResponseRoutes.usable(previous, await self.responses.recall(previous))
             ctx.pinned = (holder.pool, holder.replica)
         # admission: the pool's fair queue (only where enabled; waits only while that pool is saturated)
         if self.queues:
@@ -303,7 +301,8 @@ class Gateway:
     async def _remember_response(self, ctx: RequestContext) -> None:
         # Only the Responses API stores responses on the replica (previous_response_id, GET, cancel).
         if ctx.surface is RESPONSES and ctx.response_id and ctx.route is not None and ctx.status == 200:
-            await self.responses.remember(ctx.response_id, Holder(ctx.route.pool, ctx.route.replica, ctx.model))
+            holder = Holder(ctx.route.pool, ctx.route.replica, ctx.model, migrated=ctx.migrations > 0)
+            await self.responses.remember(ctx.response_id, holder)
 
     async def _complete_reply(self, ctx: RequestContext, reply: Complete) -> Reply:
         ctx.status = reply.status

@@ -13,7 +13,7 @@ from app.api.surfaces.openai import rewrite_model
 from app.errors import GatewayError, not_found
 from app.headers import API_KEY, REQUEST_ID
 from app.pipeline import Gateway, Reply
-from app.routing.response_affinity import holder_gone, response_not_found
+from app.routing.response_affinity import ResponseRoutes, holder_gone
 from app.upstream import forward_headers, transport_error
 
 PREFIX = "/v1/responses/"
@@ -44,9 +44,7 @@ class StoredResponseEndpoint:
         if not response_id or (action, method) not in {("", "GET"), ("cancel", "POST")}:
             raise not_found(f"Unknown path {scope['path']} ({method}).", code="unknown_url")
         await gw.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
-        holder = await gw.responses.recall(response_id)
-        if holder is None:
-            raise response_not_found(response_id)
+        holder = ResponseRoutes.usable(response_id, await gw.responses.recall(response_id))
         pool = gw.cluster.pools.get(holder.pool)
         replica = next((r for r in pool.replicas if r.url == holder.replica), None) if pool else None
         if replica is None or not replica.available():

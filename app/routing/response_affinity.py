@@ -18,17 +18,30 @@ _PREFIX = "resp:"
 
 
 class Holder(NamedTuple):
-    """Where a stored response lives, and the public model name it was asked under."""
+    """Where a stored response lives, the public model name it was asked under, and whether it moved midway."""
 
     pool: str
     replica: str
     model: str
+    # A stream continued on another replica (mid-stream migration) leaves no faithful stored copy: the first
+    # replica died with its state, and the second stored only the continuation, under an id of its own.
+    migrated: bool = False
 
 
 def response_not_found(response_id: str) -> GatewayError:
     """404 in the shape vLLM answers for an unknown response id."""
     return GatewayError(404, f"Response with id '{response_id}' not found.", param="response_id",
                         code="response_not_found")  # fmt: skip
+
+
+def response_migrated(response_id: str) -> GatewayError:
+    """404: the response was finished on another replica after its own failed, so no replica stores it whole."""
+    return GatewayError(
+        404, f"Response '{response_id}' was completed on another replica after its replica failed mid-stream; "
+        "no replica stores it whole, so it cannot be retrieved or continued with previous_response_id. "
+        "Send the conversation as input instead.",
+        param="response_id", code="response_not_stored",
+    )  # fmt: skip
 
 
 def holder_gone(response_id: str, replica: str) -> GatewayError:
@@ -50,7 +63,8 @@ class ResponseRoutes:
     async def remember(self, response_id: str, holder: Holder) -> None:
         """Record where a finished response lives."""
         try:
-            await self._store.remember(_PREFIX + response_id, "\t".join(holder), self._ttl_s)
+            value = "\t".join((holder.pool, holder.replica, holder.model, "migrated" if holder.migrated else ""))
+            await self._store.remember(_PREFIX + response_id, value, self._ttl_s)
         except StoreUnavailable:
             log.warning("store unavailable: response %s will not be routable by id", response_id)
 
@@ -63,4 +77,15 @@ class ResponseRoutes:
         if value is None:
             return None
         parts = value.split("\t")
-        return Holder(*parts) if len(parts) == 3 else None
+        if len(parts) == 3:  # written before the migrated flag existed
+            return Holder(parts[0], parts[1], parts[2])
+        return Holder(parts[0], parts[1], parts[2], parts[3] == "migrated") if len(parts) == 4 else None
+
+    @staticmethod
+    def usable(response_id: str, holder: Holder | None) -> Holder:
+        """The holder of a response a request names, or the 404 that says why there is none."""
+        if holder is None:
+            raise response_not_found(response_id)
+        if holder.migrated:
+            raise response_migrated(response_id)
+        return holder

@@ -41,7 +41,8 @@ class SimProcess:
         """Start and wait for /health."""
         code = "import sys; from app.cli import main; sys.exit(main())"
         self.popen = subprocess.Popen(
-            [sys.executable, "-c", code, "sim", "--port", str(self.port), "--model", MODEL, "--log-level", "warning"],
+            [sys.executable, "-c", code, "sim", "--port", str(self.port), "--model", MODEL, "--log-level", "warning",
+             "--enable-responses-store"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 15
