@@ -150,6 +150,8 @@ class Gateway:
         """Discovery changed a pool's replicas: survivors keep their state, new ones join after a good probe,
         vanished ones drain (their requests finish; nothing new goes to them)."""
         self.cluster = ClusterState.from_config(cfg, self.cluster, kv_hub=self.kv_hub, probe_before_joining=True)
+        if self.kv_hub is not None:  # a discovered replica's KV events follow it in and out
+            self.kv_hub.follow(_event_sources(cfg))
         if self.dispatcher is not None:
             self.dispatcher.cluster = self.cluster
         if self.scraper is not None:
@@ -337,14 +339,20 @@ class Gateway:
         yield relay.observer.ending(sse_trailer(ctx.cost_usd, overhead_s(ctx.timing)))
 
 
-def _kv_hub(cfg: GatewayConfig) -> KvEventsHub | None:
-    """One subscription per replica that declared its KV-event endpoint (None when none did)."""
-    sources = [
+def _event_sources(cfg: GatewayConfig) -> list[EventSource]:
+    """One per replica that declared its KV-event endpoint (or whose pool's discovery names it)."""
+    return [
         EventSource(url, ev.endpoint, ev.replay, ev.topic)
         for pool in cfg.pools.values()
         for url, ev in pool.replica_events.items()
     ]
-    return KvEventsHub(sources) if sources else None
+
+
+def _kv_hub(cfg: GatewayConfig) -> KvEventsHub | None:
+    """The KV-event hub, when some replica publishes events or some pool discovers replicas that do."""
+    sources = _event_sources(cfg)
+    discovered = any(p.discovery is not None and p.discovery.kv_events is not None for p in cfg.pools.values())
+    return KvEventsHub(sources) if sources or discovered else None
 
 
 def _block_hashers(cfg: GatewayConfig) -> dict[str, RequestBlocks]:

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from app.api.app import create_app
 from app.config import parse_config
-from app.config_models import KubernetesSelector
+from app.routing.discovery_config import KubernetesSelector
 from app.routing.discovery import (
     Discoverer,
     DiscoveryError,
