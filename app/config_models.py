@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.admission.config import AdmissionConfig
+from app.prewarm.config import PrewarmConfig
 from app.routing.discovery_config import DiscoveryConfig
 from app.routing.kv_events import KvEventsParams
 from app.routing.load_report_config import LoadReportSettings
@@ -320,6 +321,7 @@ class RoutingConfig(_Strict):
     spill: SpillSettings = SpillSettings()
     # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
     response_ttl_s: float = Field(3600.0, gt=0)
+    prewarm: PrewarmConfig = PrewarmConfig()  # app/prewarm: a joining replica replays the top prefixes first
 
 
 class NormalizeConfig(_Strict):
