@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -124,7 +125,12 @@ class Prewarmer:
         if not plan:
             return  # nothing it would serve is known: it joins at once
         replica.set_warming(True)
-        self._tasks[key] = asyncio.create_task(self._warm(replica, plan), name=f"kvgate-prewarm {replica.url}")
+        run = Run(len(plan))
+        span = self._tracer.start_span("kvgate.prewarm") if self._tracer is not None else None
+        task = asyncio.create_task(self._warm(replica, plan, run), name=f"kvgate-prewarm {replica.url}")
+        # A callback, not a `finally`: a task cancelled before its first step never runs its body.
+        task.add_done_callback(functools.partial(self._finished, replica, run, self._clock(), span))
+        self._tasks[key] = task
 
     def plan(self, replica: ReplicaState) -> list[Prefix]:
         """The prefixes to replay to `replica`: its share of its pool's top prefixes, at most `prefixes`."""
@@ -137,27 +143,28 @@ class Prewarmer:
             top = [p for p in top if home_of(p.key, peers) is replica]
         return top[: self.cfg.prefixes]
 
-    async def _warm(self, replica: ReplicaState, plan: list[Prefix]) -> None:
-        run = Run(len(plan))
-        start = self._clock()
-        span = self._tracer.start_span("kvgate.prewarm") if self._tracer is not None else None
+    async def _warm(self, replica: ReplicaState, plan: list[Prefix], run: Run) -> None:
         todo = iter(plan)
         try:
             async with asyncio.timeout(self.cfg.budget_s):
                 await asyncio.gather(*(self._worker(replica, todo, run) for _ in range(self.cfg.concurrency)))
-            if run.failed:
-                run.result = "failed"
         except TimeoutError:
             run.result = "budget"
-        except asyncio.CancelledError:
+            return
+        if run.failed:
+            run.result = "failed"
+
+    def _finished(self, replica: ReplicaState, run: Run, start: float, span: Any, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
             run.result = "aborted"  # a bad probe, the replica left, or the gateway stops
-            raise
-        finally:
-            key = (replica.pool, replica.url)
-            if self._tasks.get(key) is asyncio.current_task():
-                del self._tasks[key]
-            replica.set_warming(False)
-            self._report(replica, run, self._clock() - start, span)
+        elif task.exception() is not None:
+            run.result = "failed"
+            log.error("prewarm of %s failed", replica.url, exc_info=task.exception())
+        key = (replica.pool, replica.url)
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+        replica.set_warming(False)
+        self._report(replica, run, self._clock() - start, span)
 
     async def _worker(self, replica: ReplicaState, todo: Any, run: Run) -> None:
         pool = self.cluster.pools.get(replica.pool)
