@@ -51,7 +51,9 @@ class Engine:
             usage = {"prompt_tokens": 40, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}
             return Response(orjson.dumps({"choices": [], "usage": usage}), self.status, media_type="application/json")
 
-        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+        return Starlette(
+            routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", lambda r: Response(""))]
+        )
 
 
 def cluster_of(*urls: str, policy: str = "prefix_affinity") -> ClusterState:
