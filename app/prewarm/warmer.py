@@ -81,10 +81,12 @@ class Prewarmer:
         self._requests: Counter | None = None
         self._runs: Counter | None = None
         self._duration: Histogram | None = None
+        self._tokens: Counter | None = None
         if meter is not None:
             self._requests = meter.create_counter("gateway.prewarm.requests", "{request}", "Replays by outcome")
             self._runs = meter.create_counter("gateway.prewarm.runs", "{run}", "Pre-warms of joining replicas")
             self._duration = meter.create_histogram("gateway.prewarm.duration", "s", "Time a replica was held")
+            self._tokens = meter.create_counter("gateway.prewarm.tokens", "{token}", "Replayed prompt tokens by type")
 
     async def start(self) -> None:
         """Open the replays' own connection pool (requests to other replicas never wait behind it)."""
@@ -207,9 +209,11 @@ class Prewarmer:
 
     def _report(self, replica: ReplicaState, run: Run, seconds: float, span: Any) -> None:
         attrs = {"pool": replica.pool, "result": run.result}
-        if self._runs is not None and self._duration is not None:
+        if self._runs is not None and self._duration is not None and self._tokens is not None:
             self._runs.add(1, attrs)
             self._duration.record(seconds, attrs)
+            self._tokens.add(run.prompt_tokens - run.cached_tokens, {"pool": replica.pool, "type": "uncached"})
+            self._tokens.add(run.cached_tokens, {"pool": replica.pool, "type": "cached"})
         self.runs = [*self.runs[-15:], run]
         log.info("prewarm pool=%s replica=%s result=%s planned=%d ok=%d skipped=%d failed=%d prompt_tokens=%d "
                  "cached_tokens=%d seconds=%.2f", replica.pool, replica.url, run.result, run.planned, run.ok,
