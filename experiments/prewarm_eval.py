@@ -100,7 +100,7 @@ def gateway_config(sims: list[str], tenants: int, prewarm: bool) -> dict[str, An
 class Load:
     """`concurrency` agent sessions in flight, turn after turn, until stopped."""
 
-    def __init__(self, base: str, workload: Workload, concurrency: int, max_tokens: int) -> None:
+    def __init__(self, base: str, workload: Workload, concurrency: int, max_tokens: int, warm: int) -> None:
         self.base = base
         self.workload = workload
         self.concurrency = concurrency
@@ -109,6 +109,8 @@ class Load:
         self.errors = 0
         self.joined = False
         self.stop = asyncio.Event()
+        self.warm = warm
+        self.warmed = asyncio.Event()  # `warm` requests answered
         self._next = 0
 
     async def run(self) -> None:
@@ -140,6 +142,8 @@ class Load:
         sent.prompt = int(usage.get("prompt_tokens") or 0)
         sent.cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         self.sent[rid] = sent
+        if len(self.sent) >= self.warm:
+            self.warmed.set()
         session.record_reply(doc["choices"][0]["message"].get("content") or "")
 
 
@@ -190,11 +194,10 @@ async def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> ArmResul
         await asyncio.sleep(1.0)  # C's probes fail: it leaves the rotation before any request
         options = WorkloadOptions(seed=args.seed, tenants=args.tenants,
                                   api_keys=tuple(f"sk-pw-{k}" for k in range(args.tenants)))  # fmt: skip
-        load = Load(base, Workload("agent", options), args.concurrency, args.max_tokens)
+        load = Load(base, Workload("agent", options), args.concurrency, args.max_tokens, args.warm)
         task = asyncio.create_task(load.run())
         deadline = time.monotonic() + args.time_limit_s
-        while len(load.sent) < args.warm and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await asyncio.wait_for(load.warmed.wait(), args.time_limit_s)
         t_join = time.monotonic()
         procs.append(_spawn([*SIM, str(ports[2])], workdir / f"{arm}-sim2.log"))
         await asyncio.to_thread(wait_http, sims[2] + "/health", 60, procs[-1])
@@ -248,14 +251,15 @@ def main() -> None:
         results += [asyncio.run(run_arm(arm, args, workdir)) for arm in ARMS]
     print(f"\nlogs in {workdir}; {args.tenants} tenants, {args.concurrency} sessions in flight, C joins after "
           f"{args.warm} requests, C's first {args.first_n} client requests\n")  # fmt: skip
-    print("| arm | seed | C's requests measured | cached-token ratio on C | on C, first turns | mean latency on C (s) | "
-          "others' ratio after join | pre-warm replays | replayed tokens | held (s) | requests | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| arm | seed | C's requests measured | cached-token ratio on C | on C, first turns | mean latency on C (s) "
+          "| others' ratio after join | pre-warm replays | replayed tokens | held (s) | C's first request after (s) "
+          "| requests | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ft = f"{r.c_first_turn_ratio:.3f}" if r.c_first_turn_ratio is not None else "-"
         print(f"| {r.arm} | {r.seed} | {r.c_requests} | {r.c_cached_ratio:.3f} | {ft} | {r.c_mean_latency_s:.3f} | "
               f"{r.others_cached_ratio:.3f} | {r.prewarm_replays:.0f} | {r.prewarm_tokens:.0f} | "
-              f"{r.prewarm_held_s:.2f} | {r.requests} | {r.errors} |")  # fmt: skip
+              f"{r.prewarm_held_s:.2f} | {r.join_s:.2f} | {r.requests} | {r.errors} |")  # fmt: skip
         for note in r.notes:
             print(f"  note ({r.arm}): {note}")
     for arm in ARMS:
@@ -263,7 +267,7 @@ def main() -> None:
         print(f"| **{arm}, mean** | | {sum(r.c_requests for r in rows)} | "
               f"**{sum(r.c_cached_ratio for r in rows) / len(rows):.3f}** | | "
               f"{sum(r.c_mean_latency_s for r in rows) / len(rows):.3f} | "
-              f"{sum(r.others_cached_ratio for r in rows) / len(rows):.3f} | | | | | |")  # fmt: skip
+              f"{sum(r.others_cached_ratio for r in rows) / len(rows):.3f} | | | | | | |")  # fmt: skip
     print(f"\nuptime: {os.popen('uptime').read().strip()}")
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
