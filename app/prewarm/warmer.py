@@ -8,6 +8,8 @@ vLLM's prefix cache). What a demanding operator can count on:
 - a failing replica is never warmed: only a healthy one starts, a bad probe or a failed replay (connect error,
   timeout, 5xx) ends the pre-warm, and the replica joins cold (or, unhealthy, not at all until it recovers);
 - it is bounded: `prefixes` replays, `concurrency` at once, `budget_s` of wall time, then it joins whatever is left;
+- it never holds capacity a pool needs now: with no other replica in rotation, or all of them queueing, the new
+  one joins at once (run result `skipped`);
 - only prefixes the replica will serve: under a prefix-keyed policy those whose rendezvous home, among the pool's
   healthy replicas, is the new one (≈ 1/n); under another policy the top prefixes of every tenant.
 Each run leaves counts (never text) in /metrics, one log line and one `kvgate.prewarm` span.
@@ -54,7 +56,7 @@ class Run:
     failed: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    result: str = "done"  # done | budget | failed | aborted
+    result: str = "done"  # done | budget | failed | aborted | skipped
 
 
 class Prewarmer:
@@ -126,6 +128,9 @@ class Prewarmer:
         plan = self.plan(replica)
         if not plan:
             return  # nothing it would serve is known: it joins at once
+        if not self._pool_can_wait(replica):
+            self._report(replica, Run(len(plan), result="skipped"), 0.0, None)
+            return
         replica.set_warming(True)
         run = Run(len(plan))
         span = self._tracer.start_span("kvgate.prewarm") if self._tracer is not None else None
@@ -133,6 +138,13 @@ class Prewarmer:
         # A callback, not a `finally`: a task cancelled before its first step never runs its body.
         task.add_done_callback(functools.partial(self._finished, replica, run, self._clock(), span))
         self._tasks[key] = task
+
+    def _pool_can_wait(self, replica: ReplicaState) -> bool:
+        """Hold a replica only while another one serves its pool and not all of those queue: a pool with no other
+        replica, or a saturated one, needs the capacity now more than a warm cache."""
+        pool = self.cluster.pools.get(replica.pool)
+        others = [r for r in pool.replicas if r is not replica and r.available()] if pool is not None else []
+        return bool(others) and not all(r.queued() > 0 for r in others)
 
     def plan(self, replica: ReplicaState) -> list[Prefix]:
         """The prefixes to replay to `replica`: its share of its pool's top prefixes, at most `prefixes`."""

@@ -26,6 +26,7 @@ from tests.servers import free_port, serve_in_thread
 
 PRICE = {"input_per_m": 1.0, "output_per_m": 2.0}
 SECRET_TEXT = "the-tenant's-secret-system-prompt"
+OTHER = "http://127.0.0.1:9"  # a replica in rotation beside the joining one (never sent anything here)
 
 
 @dataclass
@@ -121,16 +122,17 @@ async def test_the_plan_is_the_joining_replicas_rendezvous_share_of_the_top_pref
 async def test_a_replica_that_comes_back_is_held_while_it_replays_then_joins() -> None:
     engine = Engine(delay_s=0.2)
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(3))
         async with warmer(cluster, mem) as w:
             comes_back(replica)
             w.on_health(replica, was_healthy=False)
-            assert replica.warming and not replica.available() and cluster.pools["main"].candidates() == []
+            other = cluster.pools["main"].replicas[1]
+            assert replica.warming and not replica.available() and cluster.pools["main"].candidates() == [other]
             await until(lambda: not replica.warming)
-            assert replica.available() and cluster.pools["main"].candidates() == [replica]
+            assert replica.available() and cluster.pools["main"].candidates() == [replica, other]
     assert len(engine.bodies) == 3
     for b in engine.bodies:
         assert b["max_tokens"] == 1 and b["stream"] is False and b["model"] == "served"
@@ -141,8 +143,8 @@ async def test_a_replica_that_comes_back_is_held_while_it_replays_then_joins() -
 async def test_replays_run_at_most_concurrency_at_once() -> None:
     engine = Engine(delay_s=0.1)
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(10))
         async with warmer(cluster, mem, concurrency=2) as w:
@@ -155,8 +157,8 @@ async def test_replays_run_at_most_concurrency_at_once() -> None:
 async def test_a_failed_replay_ends_the_prewarm_and_the_replica_joins_cold() -> None:
     engine = Engine(status=500)
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(10))
         async with warmer(cluster, mem, concurrency=1) as w:
@@ -171,8 +173,8 @@ async def test_a_failed_replay_ends_the_prewarm_and_the_replica_joins_cold() -> 
 async def test_a_rejected_prefix_is_skipped_and_the_rest_replayed() -> None:
     engine = Engine(status=400)
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(4))
         async with warmer(cluster, mem) as w:
@@ -185,8 +187,8 @@ async def test_a_rejected_prefix_is_skipped_and_the_rest_replayed() -> None:
 async def test_the_budget_lets_the_replica_join_with_replays_unanswered() -> None:
     engine = Engine(delay_s=30)
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(4))
         async with warmer(cluster, mem, budget_s=0.3) as w:
@@ -199,8 +201,8 @@ async def test_the_budget_lets_the_replica_join_with_replays_unanswered() -> Non
 async def test_a_bad_probe_during_the_prewarm_ends_it_and_the_replica_stays_out() -> None:
     engine = Engine(delay_s=30)
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(4))
         async with warmer(cluster, mem) as w:
@@ -217,8 +219,8 @@ async def test_a_bad_probe_during_the_prewarm_ends_it_and_the_replica_stays_out(
 async def test_a_replica_that_leaves_the_cluster_stops_being_warmed() -> None:
     engine = Engine(delay_s=30)
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(4))
         async with warmer(cluster, mem) as w:
@@ -231,7 +233,7 @@ async def test_a_replica_that_leaves_the_cluster_stops_being_warmed() -> None:
 
 async def test_a_replica_with_nothing_to_replay_joins_at_once_and_a_healthy_one_is_left_alone() -> None:
     cluster = cluster_of(f"http://127.0.0.1:{free_port()}")
-    (replica,) = cluster.pools["main"].replicas
+    replica = cluster.pools["main"].replicas[0]
     mem = PrefixMemory(PrewarmConfig())
     async with warmer(cluster, mem) as w:
         comes_back(replica)
@@ -251,8 +253,8 @@ async def test_the_log_line_and_metrics_hold_counts_not_prompt_text(caplog: pyte
     meter = MeterProvider(metric_readers=[reader]).get_meter("t")
     engine = Engine()
     with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url)
-        (replica,) = cluster.pools["main"].replicas
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(2))
         w = Prewarmer(PrewarmConfig(), mem, cluster, meter=meter)
@@ -271,3 +273,20 @@ async def test_the_log_line_and_metrics_hold_counts_not_prompt_text(caplog: pyte
         for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
     }  # fmt: skip
     assert points["gateway.prewarm.requests"] == 2 and points["gateway.prewarm.runs"] == 1
+
+
+async def test_a_pools_only_replica_or_one_beside_queueing_replicas_joins_at_once() -> None:
+    cluster = cluster_of(f"http://127.0.0.1:{free_port()}", OTHER, policy="round_robin")
+    replica, other = cluster.pools["main"].replicas
+    mem = PrefixMemory(PrewarmConfig())
+    remember(mem, range(3))
+    async with warmer(cluster, mem) as w:
+        other.apply_probe(False, 1, 1)  # the only other replica is down: the pool needs this one now
+        comes_back(replica)
+        w.on_health(replica, was_healthy=False)
+        assert not replica.warming and replica.available() and w.runs[-1].result == "skipped"
+        other.apply_probe(True, 1, 1)
+        other.waiting, other.in_flight_at_scrape = 3, 0  # the other one queues: the pool is saturated
+        comes_back(replica)
+        w.on_health(replica, was_healthy=False)
+        assert not replica.warming and w.runs[-1].result == "skipped"
