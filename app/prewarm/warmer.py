@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,7 +180,7 @@ class Prewarmer:
         replica.set_warming(False)
         self._report(replica, run, self._clock() - start, span)
 
-    async def _worker(self, replica: ReplicaState, todo: Any, run: Run) -> None:
+    async def _worker(self, replica: ReplicaState, todo: Iterator[Prefix], run: Run) -> None:
         pool = self.cluster.pools.get(replica.pool)
         if pool is None or self._session is None:
             return
