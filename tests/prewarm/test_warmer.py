@@ -275,6 +275,32 @@ async def test_the_log_line_and_metrics_hold_counts_not_prompt_text(caplog: pyte
     assert points["gateway.prewarm.requests"] == 2 and points["gateway.prewarm.runs"] == 1
 
 
+async def test_each_run_is_one_span_with_counts_and_no_text() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = Engine()
+    with serve_in_thread(engine.app()) as url:
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
+        mem = PrefixMemory(PrewarmConfig())
+        remember(mem, range(2))
+        w = Prewarmer(PrewarmConfig(), mem, cluster, tracer=provider.get_tracer("t"))
+        await w.start()
+        comes_back(replica)
+        w.on_health(replica, was_healthy=False)
+        await until(lambda: not replica.warming)
+        await w.stop()
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "kvgate.prewarm" and span.attributes is not None
+    assert span.attributes["kvgate.prewarm.ok"] == 2 and span.attributes["kvgate.prewarm.result"] == "done"
+    assert not any(SECRET_TEXT in str(v) for v in span.attributes.values())
+
+
 async def test_a_pools_only_replica_or_one_beside_queueing_replicas_joins_at_once() -> None:
     cluster = cluster_of(f"http://127.0.0.1:{free_port()}", OTHER, policy="round_robin")
     replica, other = cluster.pools["main"].replicas
