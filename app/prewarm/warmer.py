@@ -227,7 +227,9 @@ class Prewarmer:
             self._tokens.add(run.prompt_tokens - run.cached_tokens, {"pool": replica.pool, "type": "uncached"})
             self._tokens.add(run.cached_tokens, {"pool": replica.pool, "type": "cached"})
         self.runs = [*self.runs[-15:], run]
-        log.info("prewarm pool=%s replica=%s result=%s planned=%d ok=%d skipped=%d failed=%d prompt_tokens=%d "
+        # A pre-warm that failed or ran out of budget let a replica in cold: worth an operator's attention.
+        level = logging.WARNING if run.result in ("failed", "budget") else logging.INFO
+        log.log(level, "prewarm pool=%s replica=%s result=%s planned=%d ok=%d skipped=%d failed=%d prompt_tokens=%d "
                  "cached_tokens=%d seconds=%.2f", replica.pool, replica.url, run.result, run.planned, run.ok,
                  run.skipped, run.failed, run.prompt_tokens, run.cached_tokens, seconds)  # fmt: skip
         if span is not None:
