@@ -12,6 +12,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.admission.config import AdmissionConfig
+from app.prewarm.config import PrewarmConfig
+from app.routing.discovery_config import DiscoveryConfig
 from app.routing.kv_events import KvEventsParams
 from app.routing.load_report_config import LoadReportSettings
 from app.routing.prefix_affinity import PrefixAffinityParams
@@ -153,33 +155,6 @@ def _split_replicas(data: Any) -> Any:
     return {**data, "replicas": urls, "replica_events": events}
 
 
-class KubernetesSelector(_Strict):
-    """EndpointSlices that hold a pool's pods: `kubernetes.io/service-name=vllm-fast-pods`, or the pods' labels."""
-
-    # None: the namespace the gateway's own pod runs in (its service-account mount says which).
-    namespace: str | None = None
-    label_selector: str = Field(min_length=1)
-    # The engine's port: a number, or the name of the EndpointSlice port (`http`).
-    port: int | Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
-
-
-class DiscoveryConfig(_Strict):
-    """Where a pool's replicas come from instead of a static list: DNS A/AAAA records, or EndpointSlices."""
-
-    # host:port, e.g. a headless Service `vllm-fast-pods.kvgate.svc:8000`; every address is one replica.
-    dns: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+:\d{1,5}$")] | None = None
-    kubernetes: KubernetesSelector | None = None
-    scheme: Literal["http", "https"] = "http"
-    # How often the source is read again; None: routing.probe_interval_s.
-    interval_s: float | None = Field(None, gt=0)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DiscoveryConfig:
-        if (self.dns is None) == (self.kubernetes is None):
-            raise ValueError("give exactly one of dns or kubernetes")
-        return self
-
-
 class PoolConfig(_Strict):
     role: RouteClassName
     served_model: str = Field(min_length=1)
@@ -230,11 +205,15 @@ class PoolConfig(_Strict):
         return self
 
     def effective_policy(self) -> BaseModel:
-        """The policy in force: explicit; else kv_events when every replica publishes events (and a tokenizer
-        is given), prefix affinity when there is a choice (or discovery), round robin for one replica."""
+        """The policy in force: explicit; else kv_events when every replica publishes events or discovery says
+        where they do (and a tokenizer is given); prefix affinity when there is a choice (or discovery), round
+        robin for one replica."""
         if self.policy is not None:
             return self.policy
-        if self.tokenizer is not None and self.replicas and all(u in self.replica_events for u in self.replicas):
+        if self.tokenizer is not None and (
+            (self.discovery is not None and self.discovery.kv_events is not None)
+            or (self.replicas and all(u in self.replica_events for u in self.replicas))
+        ):
             return KvEventsParams()
         # A discovered pool's size changes at run time: its policy must not flip with it.
         return PrefixAffinityParams() if len(self.replicas) > 1 or self.discovery else RoundRobinParams()
@@ -342,6 +321,7 @@ class RoutingConfig(_Strict):
     spill: SpillSettings = SpillSettings()
     # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
     response_ttl_s: float = Field(3600.0, gt=0)
+    prewarm: PrewarmConfig = PrewarmConfig()  # app/prewarm: a joining replica replays the top prefixes first
 
 
 class NormalizeConfig(_Strict):

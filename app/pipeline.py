@@ -29,6 +29,8 @@ from app.kvcache.tokens import ChatRenderError
 from app.limits import Limiter
 from app.normalize import VolatilityMemory, normalize, salt_for_tenant
 from app.normalize.shared import SharedLearning
+from app.prewarm.memory import PrefixMemory
+from app.prewarm.warmer import Prewarmer
 from app.routing.classify import classify
 from app.routing.discovery import Discoverer
 from app.routing.kv_events import KvEventsParams
@@ -92,6 +94,13 @@ class Gateway:
         self.cluster = ClusterState.from_config(cfg, kv_hub=self.kv_hub)
         self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
         self.discoverer = Discoverer.for_config(cfg, self._rediscovered)
+        # A replica that becomes healthy replays the top stable prefixes it will serve before it joins.
+        self.prefixes = PrefixMemory(cfg.routing.prewarm)
+        self.prewarmer = (
+            Prewarmer(cfg.routing.prewarm, self.prefixes, self.cluster, meter=self.telemetry.meter,
+                      tracer=self.telemetry.tracer)
+            if cfg.routing.prewarm.enabled else None
+        )  # fmt: skip
         self.dispatcher: Dispatcher | None = None
         # Fair admission per pool that enables it (pools.<p>.admission); fed by the scraper's rounds.
         self.queues = build_queues({name: pool.admission for name, pool in cfg.pools.items()})
@@ -107,12 +116,15 @@ class Gateway:
             on_pick=self._priced,
         )  # fmt: skip
         self.scraper = Scraper(
-            self.cluster, self.session, self.cfg.routing, on_scrape=self._on_scrape if self.queues else None
-        )
+            self.cluster, self.session, self.cfg.routing, on_scrape=self._on_scrape if self.queues else None,
+            on_health=self.prewarmer.on_health if self.prewarmer is not None else None,
+        )  # fmt: skip
         await self.registry.load()
         if self.shared_learning is not None:  # before serving: a new replica starts with what others learned
             await self.shared_learning.load()
             self._background.append(asyncio.create_task(self.shared_learning.run(), name="kvgate-shared-learning"))
+        if self.prewarmer is not None:
+            await self.prewarmer.start()
         await self.scraper.start()
         register_load_report_metrics(self.telemetry.meter, lambda: self.cluster)
         if self.discoverer is not None:
@@ -131,6 +143,8 @@ class Gateway:
             await self.discoverer.stop()
         if self.scraper is not None:
             await self.scraper.stop()
+        if self.prewarmer is not None:
+            await self.prewarmer.stop()
         if self.kv_hub is not None:
             await self.kv_hub.stop()
         for task in self._background:
@@ -150,10 +164,14 @@ class Gateway:
         """Discovery changed a pool's replicas: survivors keep their state, new ones join after a good probe,
         vanished ones drain (their requests finish; nothing new goes to them)."""
         self.cluster = ClusterState.from_config(cfg, self.cluster, kv_hub=self.kv_hub, probe_before_joining=True)
+        if self.kv_hub is not None:  # a discovered replica's KV events follow it in and out
+            self.kv_hub.follow(_event_sources(cfg))
         if self.dispatcher is not None:
             self.dispatcher.cluster = self.cluster
         if self.scraper is not None:
             self.scraper.track(self.cluster)
+        if self.prewarmer is not None:
+            self.prewarmer.track(self.cluster)
 
     def unready_models(self) -> list[str]:
         """Models with no healthy replica in any of their pools."""
@@ -229,6 +247,8 @@ class Gateway:
             except ChatRenderError:
                 ctx.blocks = None  # a body the gateway cannot render exactly: the policy falls back
         outcome = await self.dispatcher.run(ctx, model, key)
+        if self.prewarmer is not None and ctx.surface is CHAT and ctx.route is not None:
+            self.prefixes.record(ctx.route.pool, tenant.id, key, ctx.body, ctx.cache_salt)
         if isinstance(outcome, StreamRelay):
             return self._stream_reply(ctx, outcome)
         return await self._complete_reply(ctx, outcome)
@@ -336,14 +356,20 @@ class Gateway:
         yield relay.observer.ending(sse_trailer(ctx.cost_usd, overhead_s(ctx.timing)))
 
 
-def _kv_hub(cfg: GatewayConfig) -> KvEventsHub | None:
-    """One subscription per replica that declared its KV-event endpoint (None when none did)."""
-    sources = [
+def _event_sources(cfg: GatewayConfig) -> list[EventSource]:
+    """One per replica that declared its KV-event endpoint (or whose pool's discovery names it)."""
+    return [
         EventSource(url, ev.endpoint, ev.replay, ev.topic)
         for pool in cfg.pools.values()
         for url, ev in pool.replica_events.items()
     ]
-    return KvEventsHub(sources) if sources else None
+
+
+def _kv_hub(cfg: GatewayConfig) -> KvEventsHub | None:
+    """The KV-event hub, when some replica publishes events or some pool discovers replicas that do."""
+    sources = _event_sources(cfg)
+    discovered = any(p.discovery is not None and p.discovery.kv_events is not None for p in cfg.pools.values())
+    return KvEventsHub(sources) if sources or discovered else None
 
 
 def _block_hashers(cfg: GatewayConfig) -> dict[str, RequestBlocks]:

@@ -36,7 +36,6 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from app.kvcache.events import (
-    END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -44,16 +43,15 @@ from app.kvcache.events import (
     EventDecodeError,
     EventDecoder,
     decode_seq,
-    encode_seq,
     event_hash,
 )
 from app.kvcache.index import KvIndex
+from app.kvcache.replay import replay_round
 from app.kvcache.sources import EventSource, ReplicaStats, _Stream
 
 log = logging.getLogger(__name__)
 
 SUB_HWM = 50_000
-REPLAY_HWM = 20_000
 
 
 Listener = Callable[[str, bool, str], None]
@@ -84,18 +82,24 @@ class KvEventsHub:
         self._decoder = EventDecoder.create()
         self._streams: dict[str, _Stream] = {}
         self._by_socket: dict[str, dict[bytes, _Stream]] = {}
-        for s in sources:
-            if s.url in self._streams:
-                raise ValueError(f"replica {s.url} listed twice")
-            self._streams[s.url] = _Stream(s)
-            key = s.endpoint if s.collector else f"{s.url}|{s.endpoint}"
-            topics = self._by_socket.setdefault(key, {})
-            if s.topic.encode() in topics:
-                raise ValueError(f"replicas sharing collector {s.endpoint} need distinct topics ({s.topic!r} twice)")
-            topics[s.topic.encode()] = self._streams[s.url]
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._sockets: list[zmq.asyncio.Socket] = []
+        # Per socket key: its tasks and sockets (a replica added or removed at run time opens or closes its own).
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._sockets: dict[str, list[zmq.asyncio.Socket]] = {}
+        # Tasks of removed replicas, cancelled at once and awaited at stop().
+        self._ended: list[asyncio.Task[None]] = []
+        for src in sources:
+            self._register(src)
+
+    def _register(self, s: EventSource) -> str:
+        if s.url in self._streams:
+            raise ValueError(f"replica {s.url} listed twice")
+        key = s.endpoint if s.collector else f"{s.url}|{s.endpoint}"
+        topics = self._by_socket.setdefault(key, {})
+        if s.topic.encode() in topics:
+            raise ValueError(f"replicas sharing collector {s.endpoint} need distinct topics ({s.topic!r} twice)")
+        self._streams[s.url] = topics[s.topic.encode()] = _Stream(s)
+        return key
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -104,38 +108,87 @@ class KvEventsHub:
         if self._ctx is not None:
             return
         self._ctx = zmq.asyncio.Context()
-        for key, topics in self._by_socket.items():
-            first = next(iter(topics.values()))
-            sock = self._ctx.socket(zmq.SUB)
-            sock.setsockopt(zmq.RCVHWM, SUB_HWM)
-            sock.setsockopt(zmq.LINGER, 0)
-            for topic in topics:
-                sock.setsockopt(zmq.SUBSCRIBE, topic)
-            if first.source.collector:
-                sock.bind(first.source.endpoint)
-                for stream in topics.values():
-                    # A collector cannot tell which peer disconnected: staleness and seq checks stand in.
-                    stream.connected = True
-                    self._start_replay(stream, None)
-            else:
-                monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-                self._sockets.append(monitor)
-                self._tasks.append(asyncio.create_task(self._watch(monitor, first), name=f"kv-monitor {key}"))
-                sock.connect(first.source.endpoint)
-            self._sockets.append(sock)
-            self._tasks.append(asyncio.create_task(self._receive(sock, topics), name=f"kv-sub {key}"))
+        for key in self._by_socket:
+            self._open(key)
+
+    def _open(self, key: str) -> None:
+        assert self._ctx is not None
+        topics = self._by_socket[key]
+        first = next(iter(topics.values()))
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, SUB_HWM)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)  # a discovered replica may have an IPv6 address
+        for topic in topics:
+            sock.setsockopt(zmq.SUBSCRIBE, topic)
+        sockets, tasks = self._sockets.setdefault(key, []), self._tasks.setdefault(key, [])
+        if first.source.collector:
+            sock.bind(first.source.endpoint)
+            for stream in topics.values():
+                # A collector cannot tell which peer disconnected: staleness and seq checks stand in.
+                stream.connected = True
+                self._start_replay(stream, None)
+        else:
+            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            sockets.append(monitor)
+            tasks.append(asyncio.create_task(self._watch(monitor, first), name=f"kv-monitor {key}"))
+            sock.connect(first.source.endpoint)
+        sockets.append(sock)
+        tasks.append(asyncio.create_task(self._receive(sock, topics), name=f"kv-sub {key}"))
+
+    def add(self, source: EventSource) -> None:
+        """Subscribe to a replica that appeared (discovery); its view is whole once connected and caught up."""
+        if source.url in self._streams:
+            return
+        if source.collector:
+            raise ValueError(f"{source.url}: a replica added at run time needs its own endpoint, not {source.endpoint}")
+        key = self._register(source)
+        if self._ctx is not None:
+            self._open(key)
+
+    def follow(self, sources: Sequence[EventSource]) -> None:
+        """Subscribe to exactly `sources` from now on (after discovery changed a pool): add new, remove gone."""
+        wanted = {s.url: s for s in sources}
+        for url in [u for u, st in self._streams.items() if wanted.get(u) != st.source]:
+            self.remove(url)
+        for src in wanted.values():
+            self.add(src)
+
+    def remove(self, url: str) -> None:
+        """Drop the subscription of a replica that vanished, and its blocks (its tasks end in the background)."""
+        stream = self._streams.pop(url, None)
+        if stream is None:
+            return
+        self._ended = [t for t in self._ended if not t.done()]
+        key = next(k for k, topics in self._by_socket.items() if stream in topics.values())
+        topics = self._by_socket[key]
+        del topics[stream.source.topic.encode()]
+        if not topics:  # the replica's own socket (a collector socket stays for the replicas still on it)
+            del self._by_socket[key]
+            for t in self._tasks.pop(key, []):
+                t.cancel()
+                self._ended.append(t)
+            for sock in self._sockets.pop(key, []):
+                sock.close(linger=0)
+        if stream.replay_task is not None:
+            stream.replay_task.cancel()
+            self._ended.append(stream.replay_task)
+        self.index.clear(url)
 
     async def stop(self) -> None:
         """Cancel the tasks and close every socket."""
-        tasks = self._tasks + [s.replay_task for s in self._streams.values() if s.replay_task is not None]
+        tasks = [t for ts in self._tasks.values() for t in ts] + self._ended
+        tasks += [s.replay_task for s in self._streams.values() if s.replay_task is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
-        for sock in self._sockets:
-            sock.close(linger=0)
+        self._ended.clear()
+        for socks in self._sockets.values():
+            for sock in socks:
+                sock.close(linger=0)
         self._sockets.clear()
         if self._ctx is not None:
             self._ctx.term()
@@ -304,7 +357,9 @@ class KvEventsHub:
         result = "failed"
         try:
             for _ in range(3):
-                result = await self._replay_once(s, anchor)
+                if self._ctx is None:  # stopped meanwhile
+                    return
+                result = await replay_round(self._ctx, s, anchor, self.replay_timeout_s, self._decode, self._apply)
                 if result == "restart":
                     self._restarted(s)
                     anchor = None
@@ -318,56 +373,6 @@ class KvEventsHub:
             s.replaying = False
             s.replay_task = None
         self._drain_pending(s)
-
-    async def _replay_once(self, s: _Stream, anchor: int | None) -> str:
-        """One replay round trip: 'ok', 'restart', 'hole' (frames dropped: retry), 'lost' or 'failed'."""
-        if s.source.replay is None or self._ctx is None:
-            return "failed"
-        s.stats.replays += 1
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, REPLAY_HWM)
-        try:
-            dealer.connect(s.source.replay)
-            await dealer.send_multipart([b"", encode_seq(0 if anchor is None else anchor)])
-            expect: int | None = None
-            while True:
-                try:
-                    frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
-                except TimeoutError:
-                    s.stats.replay_failures += 1
-                    return "failed"
-                if len(frames) != 4:
-                    continue
-                seq = decode_seq(frames[2])
-                if seq == END_SEQ:
-                    if expect is None:
-                        if anchor is not None:
-                            return "restart"  # the buffer does not hold our last seq: a younger engine
-                        s.exact = True  # the engine has published nothing yet
-                        s.approx_since = None
-                    return "ok"
-                if expect is None:
-                    if anchor is not None:
-                        # Re-fetch our last batch: same seq and timestamp means the same engine process.
-                        if seq > anchor:
-                            return "lost"
-                        batch = self._decode(s, frames[3])
-                        if seq < anchor or batch is None or batch.ts != s.last_ts:
-                            return "restart"
-                        expect = anchor + 1
-                        continue
-                    if seq != 0:
-                        return "lost"
-                    s.exact = True
-                    s.approx_since = None
-                    expect = 0
-                if seq != expect:
-                    return "hole"  # the ROUTER dropped frames (its send HWM): retry from where we are
-                self._apply(s, seq, frames[3])
-                expect = seq + 1
-        finally:
-            dealer.close(linger=0)
 
     def _unrecoverable(self, s: _Stream) -> None:
         s.stats.unrecoverable += 1

@@ -22,10 +22,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from app.config_models import DiscoveryConfig, GatewayConfig, KubernetesSelector
+from app.config_models import GatewayConfig, ReplicaEvents
+from app.routing.discovery_config import DiscoveryConfig, KubernetesSelector
 
 log = logging.getLogger(__name__)
 
@@ -203,10 +205,20 @@ def source_for(cfg: DiscoveryConfig, resolver: Resolver = system_resolver) -> So
 
 
 def with_replicas(cfg: GatewayConfig, found: Mapping[str, Sequence[str]]) -> GatewayConfig:
-    """`cfg` with the discovered pools' replica lists filled in (the static pools as they are)."""
+    """`cfg` with the discovered pools' replica lists filled in (the static pools as they are), and each
+    replica's KV-event endpoints where the pool's discovery names them."""
     pools = dict(cfg.pools)
     for name, urls in found.items():
-        pools[name] = pools[name].model_copy(update={"replicas": list(urls)})
+        update: dict[str, Any] = {"replicas": list(urls)}
+        discovery = pools[name].discovery
+        events = discovery.kv_events if discovery is not None else None
+        if events is not None:
+            update["replica_events"] = {
+                u: ReplicaEvents(endpoint=ep, replay=replay, topic=events.topic)
+                for u in urls
+                for ep, replay in [events.for_address(urlsplit(u).hostname or "")]
+            }
+        pools[name] = pools[name].model_copy(update=update)
     return cfg.model_copy(update={"pools": pools})
 
 

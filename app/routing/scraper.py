@@ -33,8 +33,12 @@ class Scraper:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_scrape: Callable[[ReplicaState], None] | None = None,
+        on_health: Callable[[ReplicaState, bool], None] | None = None,
     ) -> None:
         self.cluster = cluster
+        # Called right after each /health verdict with whether the replica was healthy before it, before any
+        # await: a replica that just became healthy can be held (pre-warm) before a request sees it.
+        self._on_health = on_health
         # Called after each probe of a replica (healthy or not): state that depends on fresh load follows it.
         self._on_scrape = on_scrape
         self.session = session
@@ -82,7 +86,10 @@ class Scraper:
     async def probe_once(self, replica: ReplicaState) -> None:
         """One round: /health decides health; when healthy, /metrics refreshes load and counters."""
         ok = await self._health(replica)
+        was_healthy = replica.healthy
         replica.apply_probe(ok, self.cfg.healthy_after, self.cfg.unhealthy_after)
+        if self._on_health is not None:
+            self._on_health(replica, was_healthy)
         if not ok:
             return
         asked_at = self._clock()

@@ -53,6 +53,7 @@ class ReplicaState:
         "ttft_ewma_s",
         "url",
         "waiting",
+        "warming",
     )
 
     def __init__(
@@ -90,6 +91,8 @@ class ReplicaState:
         # healthy and breaker closed, kept current by every method that changes either; a replica that
         # is healthy with a non-closed breaker is still checked with breaker.allows() (time-based).
         self.in_rotation = True
+        # Held out of rotation while app/prewarm replays prefixes to it (healthy, but not taking its share yet).
+        self.warming = False
 
     def __repr__(self) -> str:
         return f"ReplicaState({self.url!r}, load={self.load()}, healthy={self.healthy})"
@@ -104,7 +107,7 @@ class ReplicaState:
 
     def available(self) -> bool:
         """In rotation: healthy by probes and the breaker lets a request through."""
-        return self.in_rotation or (self.healthy and self.breaker.allows())
+        return self.in_rotation or (self.healthy and not self.warming and self.breaker.allows())
 
     def queued(self) -> int:
         """Requests waiting now: the scraped queue, moved by our in-flight change when it was queueing.
@@ -239,8 +242,13 @@ class ReplicaState:
         self.external = 0
         self.load_report_at = 0.0
 
+    def set_warming(self, warming: bool) -> None:
+        """Hold the replica out of rotation while it is pre-warmed, or let it take its share."""
+        self.warming = warming
+        self._refresh()
+
     def _refresh(self) -> None:
-        self.in_rotation = self.healthy and self.breaker.state == "closed"
+        self.in_rotation = self.healthy and not self.warming and self.breaker.state == "closed"
 
     @staticmethod
     def _delta(prev: Mapping[str, float], cur: Mapping[str, float], name: str) -> float | None:
@@ -275,9 +283,9 @@ class PoolState:
             return [
                 r
                 for r in self.replicas
-                if (r.in_rotation or (r.healthy and r.breaker.allows())) and r.url not in exclude
+                if (r.in_rotation or (r.healthy and not r.warming and r.breaker.allows())) and r.url not in exclude
             ]
-        return [r for r in self.replicas if r.in_rotation or (r.healthy and r.breaker.allows())]
+        return [r for r in self.replicas if r.in_rotation or (r.healthy and not r.warming and r.breaker.allows())]
 
 
 class ClusterState:

@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from app.config import PoolConfig, TelemetryConfig
@@ -91,6 +91,11 @@ class Telemetry:
     def meter(self) -> Meter:
         """An OTel Meter whose instruments export alongside the gateway's (for low-rate, off-path metrics)."""
         return self._providers.meter_provider.get_meter("kvgate.extra")
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """The gateway's tracer for work off the request path (a pre-warm), None when tracing is off."""
+        return self._tracer if self._tracing else None
 
     # ---- request lifecycle -------------------------------------------------------------------------
 

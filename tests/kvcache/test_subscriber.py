@@ -235,3 +235,27 @@ def test_bind_rule_follows_vllm() -> None:
     assert is_bind_endpoint("tcp://*:5557")
     assert is_bind_endpoint("ipc:///tmp/kv")
     assert not is_bind_endpoint("tcp://10.0.0.5:5557")
+
+
+async def test_a_replica_added_to_a_running_hub_is_subscribed_and_a_removed_one_forgotten(
+    pub: WirePublisher, ports: tuple[str, str]
+) -> None:
+    hub = await started(KvEventsHub([]))
+    try:
+        hub.follow([EventSource(URL, ports[0], ports[1])])
+        await until(lambda: hub.is_whole(URL))
+        await asyncio.sleep(0.2)  # ZMQ slow joiner
+        pub.publish([stored([1, 2])])
+        await until(lambda: hub.overlap_blocks(URL, [1, 2]) == 2)
+        hub.follow([])
+        assert hub.urls() == [] and hub.index_size() == 0 and not hub.is_whole(URL)
+        hub.follow([EventSource(URL, ports[0], ports[1])])  # it comes back: a fresh stream, caught up by replay
+        await until(lambda: hub.is_whole(URL) and hub.overlap_blocks(URL, [1, 2]) == 2)
+    finally:
+        await hub.stop()
+
+
+def test_a_collector_endpoint_cannot_be_added_at_run_time() -> None:
+    hub = KvEventsHub([])
+    with pytest.raises(ValueError, match="its own endpoint"):
+        hub.add(EventSource(URL, f"tcp://*:{free_port()}"))

@@ -1,0 +1,93 @@
+"""The gateway pre-warms a discovered replica on sims: the prefixes it becomes home for are cached there before
+its first request; without pre-warm they are not. While a replica warms, traffic goes on to the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from app.api.app import create_app
+from app.sim.options import SimOptions
+from app.sim.server import create_sim_app
+from tests.prewarm.test_warmer import Engine
+from tests.routing.test_discovery import Records, _port_free_on_both, _wait, discovering_config, serve
+from tests.servers import free_port
+
+PREFIXES = 12
+
+
+def system_prompt(i: int) -> str:
+    """A distinct system prompt of a few hundred tokens (its own routing key)."""
+    return f"Agent {i}. " + " ".join(f"Rule {i}.{k}: keep record {k * 13 + i} consistent." for k in range(40))
+
+
+def ask(client: openai.OpenAI, i: int, question: str) -> Any:
+    return client.chat.completions.create(
+        model="m", max_tokens=2,
+        messages=[{"role": "system", "content": system_prompt(i)}, {"role": "user", "content": question}],
+    )  # fmt: skip
+
+
+def sim() -> Any:
+    return create_sim_app(SimOptions(model="served-model", time_scale=50, max_model_len=8192))
+
+
+@pytest.mark.parametrize("prewarm", [True, False])
+def test_a_discovered_replica_gets_its_share_of_the_prefixes_cached_before_its_first_request(prewarm: bool) -> None:
+    port = _port_free_on_both()
+    records = Records("127.0.0.1")
+    cfg = discovering_config(f"replicas.test:{port}")
+    cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={
+        "prewarm": cfg.routing.prewarm.model_copy(update={"enabled": prewarm})})})  # fmt: skip
+    app = create_app(cfg)
+    gw = app.api.state.gateway
+    gw.discoverer.pools["main"].source.resolver = records
+    with (
+        serve(sim(), "127.0.0.1", port),
+        serve(sim(), "127.0.0.2", port),
+        serve(app, "127.0.0.1", free_port()) as base,
+    ):
+        _wait(lambda: httpx.get(f"{base}/ready").status_code == 200)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0, timeout=30)
+        for i in range(PREFIXES):
+            ask(client, i, "first question")
+        records.addresses = ["127.0.0.1", "127.0.0.2"]
+        _wait(lambda: len(gw.cluster.pools["main"].replicas) == 2)
+        _wait(lambda: all(r.available() for r in gw.cluster.pools["main"].replicas))
+        # Each prefix's next request, new question: the ones whose home moved to the new replica land there.
+        cached = [ask(client, i, "a new question").usage.prompt_tokens_details.cached_tokens for i in range(PREFIXES)]
+    if prewarm:
+        run = gw.prewarmer.runs[-1]
+        assert run.result == "done" and 0 < run.ok < PREFIXES
+        assert min(cached) >= 200, "every prefix hits, on the old replica and the new one"
+    else:
+        assert gw.prewarmer is None
+        assert min(cached) == 0, "the prefixes that moved to the new replica miss there"
+
+
+def test_while_a_replica_warms_requests_go_on_to_the_others() -> None:
+    port = _port_free_on_both()
+    slow = Engine(delay_s=60)  # the new replica answers no replay while the test runs
+    records = Records("127.0.0.1")
+    app = create_app(discovering_config(f"replicas.test:{port}"))
+    gw = app.api.state.gateway
+    gw.discoverer.pools["main"].source.resolver = records
+    with (
+        serve(sim(), "127.0.0.1", port),
+        serve(slow.app(), "127.0.0.2", port),
+        serve(app, "127.0.0.1", free_port()) as base,
+    ):
+        _wait(lambda: httpx.get(f"{base}/ready").status_code == 200)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0, timeout=30)
+        for i in range(PREFIXES):
+            ask(client, i, "first question")
+        records.addresses = ["127.0.0.1", "127.0.0.2"]
+        _wait(lambda: any(r.warming for r in gw.cluster.replicas()))
+        new = next(r for r in gw.cluster.replicas() if r.warming)
+        for i in range(PREFIXES):
+            assert ask(client, i, "meanwhile").choices
+        assert new.warming and new.in_flight == 0, "the warming replica took no request; the other served them"
+        assert 0 < len(slow.bodies) <= gw.cfg.routing.prewarm.concurrency, "replays, bounded, are all it got"
