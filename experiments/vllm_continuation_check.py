@@ -5,7 +5,8 @@ where a cut stream stops) are then sent as the open assistant turn, the way app/
 stream: Responses as an `in_progress` assistant item on /v1/responses (vLLM's should_continue_final_message),
 Messages as vLLM's chat request with `continue_final_message` on /v1/chat/completions; trailing whitespace is
 held back and dropped from the continuation's start as the gateway does (--no-held-back: sent as it is).
-Prints whether opening + continuation equals the whole answer, and else how many characters after the cut still agree (a continuation
+Prints whether opening + continuation equals the whole answer, and else how many characters after the cut
+still agree (a continuation
 prefills the delivered tokens in one batch where the original decoded them one by one: vLLM is not bit-exact
 between the two, so a greedy near-tie can flip later on; a splice fault would disagree at the cut itself).
 Read-only: a few small requests to a running server (vLLM or a sim).
