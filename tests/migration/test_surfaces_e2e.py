@@ -118,10 +118,9 @@ async def test_responses_streams_on_a_killed_replica_read_as_one_response_each(c
     # No replica stores a migrated response whole: GET and previous_response_id say so; the others still work.
     async with httpx.AsyncClient(base_url=cluster[0]) as http:
         stored = [await http.get(f"/v1/responses/{seen['final'].id}") for seen in results]
-        follow = await http.post("/v1/responses", json={
-            "model": MODEL, "input": "next", "max_output_tokens": 4,
-            "previous_response_id": next(seen["final"].id for seen, r in zip(results, stored, strict=True) if r.status_code == 404),
-        })  # fmt: skip
+        moved = next(seen["final"].id for seen, r in zip(results, stored, strict=True) if r.status_code == 404)
+        follow = await http.post("/v1/responses", json={"model": MODEL, "input": "next", "max_output_tokens": 4,
+                                                        "previous_response_id": moved})  # fmt: skip
     assert sorted(r.status_code for r in stored) == [200, 200, 404, 404], [r.text for r in stored]
     for r in (*(r for r in stored if r.status_code == 404), follow):
         assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_stored"
