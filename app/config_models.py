@@ -16,6 +16,7 @@ from app.prewarm.config import PrewarmConfig
 from app.routing.discovery_config import DiscoveryConfig
 from app.routing.kv_events import KvEventsParams
 from app.routing.load_report_config import LoadReportSettings
+from app.routing.peer_load_config import PeerLoadSettings
 from app.routing.prefix_affinity import PrefixAffinityParams
 from app.routing.registry import PolicySpec, policy_object
 from app.routing.round_robin import RoundRobinParams
@@ -319,6 +320,7 @@ class RoutingConfig(_Strict):
     bulk_borrow_below_utilization: float = Field(0.3, ge=0, le=1)
     breaker: BreakerSettings = BreakerSettings()
     spill: SpillSettings = SpillSettings()
+    peer_load: PeerLoadSettings = PeerLoadSettings()
     # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
     response_ttl_s: float = Field(3600.0, gt=0)
     prewarm: PrewarmConfig = PrewarmConfig()  # app/prewarm: a joining replica replays the top prefixes first

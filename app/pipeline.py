@@ -34,6 +34,7 @@ from app.prewarm.warmer import Prewarmer
 from app.routing.classify import classify
 from app.routing.discovery import Discoverer
 from app.routing.kv_events import KvEventsParams
+from app.routing.peer_load import PeerLoad
 from app.routing.prefix_key import routing_key
 from app.routing.response_affinity import Holder, ResponseRoutes
 from app.routing.scraper import Scraper
@@ -101,6 +102,7 @@ class Gateway:
                       tracer=self.telemetry.tracer)
             if cfg.routing.prewarm.enabled else None
         )  # fmt: skip
+        self.peer_load = PeerLoad.for_config(cfg, self.store, lambda: self.cluster)
         self.dispatcher: Dispatcher | None = None
         # Fair admission per pool that enables it (pools.<p>.admission); fed by the scraper's rounds.
         self.queues = build_queues({name: pool.admission for name, pool in cfg.pools.items()})
@@ -127,6 +129,8 @@ class Gateway:
             await self.prewarmer.start()
         await self.scraper.start()
         register_load_report_metrics(self.telemetry.meter, lambda: self.cluster)
+        if self.peer_load is not None:
+            self._background.append(asyncio.create_task(self.peer_load.run(), name="kvgate-peer-load"))
         if self.discoverer is not None:
             self.discoverer.register_metrics(self.telemetry.meter)
             await self.discoverer.start()

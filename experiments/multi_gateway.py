@@ -40,6 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.routing.prefix_affinity import PrefixAffinity  # noqa: E402
 from experiments.procs import free_port, wait_http  # noqa: E402
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
@@ -54,7 +55,8 @@ TIME_LIMIT_S = 600
 
 
 def _sim_child(port: int) -> None:
-    """`kvgate sim` (h100-8b) plus GET /_seen: the x-request-ids of the completions it served."""
+    """`kvgate sim` (h100-8b) plus GET /_seen: per completion it served, its x-request-id, when it arrived and
+    when its last byte left (wall clock: the one the gateways' peer-load rounds are aligned on)."""
     import uvicorn
 
     from app.sim.options import SimOptions
@@ -69,11 +71,20 @@ def _sim_child(port: int) -> None:
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": body})
             return
+        rid = ""
         if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
             rid = dict(scope["headers"]).get(b"x-request-id", b"").decode()
-            if rid:
-                seen.append(rid)
-        await sim(scope, receive, send)
+        if not rid:
+            await sim(scope, receive, send)
+            return
+        start = time.time()
+
+        async def timed_send(message: dict[str, Any]) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                seen.append(f"{rid} {start:.6f} {time.time():.6f}")
+
+        await sim(scope, receive, timed_send)
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
@@ -100,27 +111,33 @@ def _spawn(stack: Stack, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _gateway_config(sims: list[str], redis_url: str, prefix: str, load_bound: float, timeout: float,
-                    min_bound: int = 0) -> dict[str, Any]:
+def _gateway_config(sims: list[str], redis_url: str, prefix: str, args: argparse.Namespace) -> dict[str, Any]:
+    policy = {
+        "type": "prefix_affinity",
+        "load_bound": args.load_bound,
+        "min_bound": args.min_bound,
+        "spill": args.spill,
+    }
     return {
         "listen": {"host": "127.0.0.1", "drain_s": 5, "drain_notice_s": 0.2},
-        "store": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": timeout},
+        "store": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": args.store_timeout},
         "models": [{"name": "m", "pools": ["main"]}],
         "pools": {"main": {"role": "interactive", "served_model": "served", "replicas": sims,
-                           "policy": {"type": "prefix_affinity", "load_bound": load_bound, "min_bound": min_bound},
+                           "policy": policy,
                            "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4}}},
         "tenants": [
             {"id": "spender", "api_keys": [SPENDER], "limits": {"rpm": 1_000_000}},
             *({"id": f"limited{k}", "api_keys": [f"{LIMITED}-{k}"], "limits": {"rpm": RPM}} for k in range(BURSTS)),
         ],
         "auth": {"required": True, "admin_keys": [ADMIN]},
-        "routing": {"probe_interval_s": 0.5},
+        "routing": {"probe_interval_s": 0.5,
+                    "peer_load": {"enabled": args.peer_load_s > 0, "interval_s": args.peer_load_s or 0.1}},
     }  # fmt: skip
 
 
-def start(workdir: Path, redis_url: str | None, load_bound: float, timeout: float, min_bound: int = 0) -> Stack:
-    stack = Stack([], {}, {}, redis_url or "", f"kvgate-mg:{uuid.uuid4().hex[:8]}:", workdir)
-    if not redis_url:
+def start(workdir: Path, args: argparse.Namespace) -> Stack:
+    stack = Stack([], {}, {}, args.redis_url or "", f"kvgate-mg:{uuid.uuid4().hex[:8]}:", workdir)
+    if not args.redis_url:
         port = free_port()
         _spawn(stack, "redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                 "--appendonly", "no", "--dir", str(workdir)])  # fmt: skip
@@ -137,7 +154,7 @@ def start(workdir: Path, redis_url: str | None, load_bound: float, timeout: floa
     for i, url in enumerate(stack.sims):
         wait_http(url + "/health", 60, stack.procs[f"sim{i}"])
     cfg = workdir / "gateway.yaml"
-    raw = _gateway_config(stack.sims, stack.redis_url, stack.prefix, load_bound, timeout, min_bound)
+    raw = _gateway_config(stack.sims, stack.redis_url, stack.prefix, args)
     cfg.write_text(yaml.safe_dump(raw))
     for name, extra in (("A", []), ("B", []), ("C", ["--workers", "2"])):
         port = free_port()
@@ -253,29 +270,139 @@ async def limit_burst(stack: Stack, k: int) -> tuple[collections.Counter[int], c
     return collections.Counter(codes), collections.Counter(live[i % len(live)] for i in range(3 * RPM))
 
 
-def served_by(stack: Stack) -> dict[str, int]:
-    owner: dict[str, int] = {}
+@dataclass(frozen=True)
+class Span:
+    """Where and when a sim served one request."""
+
+    replica: int
+    start: float
+    end: float
+
+
+def served_by(stack: Stack) -> dict[str, Span]:
+    """Every completion the sims served, by x-request-id."""
+    owner: dict[str, Span] = {}
     for i, url in enumerate(stack.sims):
-        for rid in httpx.get(url + "/_seen", timeout=10).text.split():
-            owner[rid] = i
+        for line in httpx.get(url + "/_seen", timeout=10).text.splitlines():
+            rid, start, end = line.split()
+            owner[rid] = Span(i, float(start), float(end))
     return owner
 
 
-def agreement(outcomes: list[Outcome], owner: dict[str, int]) -> dict[str, float]:
+def prefix_keys(salt_secret: str = "kvgate-dev-secret") -> list[int]:
+    """Each prefix's routing key, computed as the gateway does (chat view's key head, the tenant's cache salt)."""
+    from app.api.surfaces import CHAT
+    from app.normalize import cache_salt_for
+    from app.routing.prefix_key import routing_key
+
+    salt = cache_salt_for("spender", salt_secret)
+    return [routing_key(CHAT.view({"messages": _messages(p, 0)}).key_head, salt) for p in range(PREFIXES)]
+
+
+def same_round_agreement(
+    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, skip_s: float = 0.0
+) -> tuple[float, int]:
+    """Share of requests whose replica every other gateway also chose for that prefix in the same round.
+
+    A round is the `round_s` slice (wall clock) in which the gateways share one load snapshot (peer_load), so it
+    is where they can agree at all; the same slices are used when peer_load is off. Per request: all requests
+    of its prefix that reached the sims in the same round through *other* gateways went to its replica (C's
+    two workers cannot be told apart, so pairs inside C do not count). Returns (share %, requests with a peer).
+    With `skip_s`, requests in a round's first `skip_s` are left out (where a late process still decides on
+    the previous snapshot).
+    """
+    groups: dict[tuple[int, int], list[tuple[str, int, float]]] = collections.defaultdict(list)
+    for o in outcomes:
+        sp = owner.get(o.rid)
+        if o.status == 200 and sp is not None:
+            groups[(o.prefix, int(sp.start // round_s))].append((o.gateway, sp.replica, sp.start % round_s))
+    agree = counted = 0
+    for members in groups.values():
+        for gw, rep, since in members:
+            others = {r for g, r, _ in members if g != gw}
+            if others and since >= skip_s:
+                counted += 1
+                agree += others == {rep}
+    return 100 * agree / max(counted, 1), counted
+
+
+def home_check(outcomes: list[Outcome], owner: dict[str, Span], sims: list[str]) -> str:
+    """Whether the replay's routing keys are the gateway's: every prefix_home pick on the replayed home."""
+    from app.routing.state import ReplicaState
+
+    keys = prefix_keys()
+    reps = [ReplicaState(u, "main", i) for i, u in enumerate(sims)]
+    home = [PrefixAffinity().select(reps, k).chosen.index for k in keys]
+    picks = [o for o in outcomes if o.pick == "prefix_home" and o.rid in owner]
+    return f"{sum(owner[o.rid].replica == home[o.prefix] for o in picks)} of {len(picks)} prefix_home picks"
+
+
+def mismatches(
+    outcomes: list[Outcome], owner: dict[str, Span], ideal: dict[str, int], sims: list[str]
+) -> tuple[float, float, float]:
+    """Disagreements with the replay by kind: the bound judged too loose, too tight, or the spill target."""
+    from app.routing.state import ReplicaState
+
+    keys = prefix_keys()
+    reps = [ReplicaState(u, "main", i) for i, u in enumerate(sims)]
+    home = [PrefixAffinity().select(reps, k).chosen.index for k in keys]
+    ok = [o for o in outcomes if o.status == 200 and o.rid in owner and o.rid in ideal]
+    kinds = [0, 0, 0]
+    for o in ok:
+        got, want, h = owner[o.rid].replica, ideal[o.rid], home[o.prefix]
+        if got == want:
+            continue
+        kinds[0 if got == h else 1 if want == h else 2] += 1
+    n = max(len(ok), 1)
+    return kinds[0] * 100 / n, kinds[1] * 100 / n, kinds[2] * 100 / n
+
+
+def dictated(outcomes: list[Outcome], owner: dict[str, Span], sims: list[str], policy: Any) -> dict[str, int]:
+    """The replica the cluster's true state dictates for each request: the gateways' own policy, replayed on
+    what every sim held the moment the request arrived (the sims' own records, not any gateway's view).
+
+    A request that went there is one any gateway with an exact, current view would have sent to the same
+    replica: agreement between gateways, measured against one reference instead of pairwise. It is strict:
+    two requests deciding within the same millisecond through different gateways cannot see each other, and
+    the replay counts the second one as a disagreement if the first changed its choice.
+    """
+    from app.routing.state import ReplicaState
+
+    keys = prefix_keys()
+    spans = sorted(owner.values(), key=lambda sp: sp.start)
+    out: dict[str, int] = {}
+    for o in outcomes:
+        sp = owner.get(o.rid)
+        if o.status != 200 or sp is None:
+            continue
+        reps = [ReplicaState(u, "main", i) for i, u in enumerate(sims)]
+        for other in spans:
+            if other.start >= sp.start:
+                break
+            if other.end > sp.start:
+                reps[other.replica].in_flight += 1
+        out[o.rid] = policy.select(reps, keys[o.prefix]).chosen.index
+    return out
+
+
+def agreement(outcomes: list[Outcome], owner: dict[str, Span], ideal: dict[str, int]) -> dict[str, float]:
     """How often a prefix reached the same replica from every gateway process.
 
     A prefix's home is the replica its `prefix_home` picks went to (rendezvous hashing: the same from every
     process that sees the same replicas). Reported: the share of `prefix_home` picks on that home (determinism
     across processes, should be 100 %), the share of all requests on it (what bounded-load spills cost), and
-    the share of prefixes whose home was the same from every gateway that made a home pick for it.
+    the share of prefixes whose home was the same from every gateway that made a home pick for it, and the
+    share of requests on the replica the true cluster state dictated (`dictated`: agreement between gateways)
+    next to how many of those an exact view would itself have kept on the home.
     """
     ok = [o for o in outcomes if o.status == 200 and o.rid in owner]
+    where = {o.rid: owner[o.rid].replica for o in ok}
     homes: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
     per_gw: dict[int, dict[str, collections.Counter[int]]] = collections.defaultdict(dict)
     for o in ok:
         if o.pick == "prefix_home":
-            homes[o.prefix][owner[o.rid]] += 1
-            per_gw[o.prefix].setdefault(o.gateway, collections.Counter())[owner[o.rid]] += 1
+            homes[o.prefix][where[o.rid]] += 1
+            per_gw[o.prefix].setdefault(o.gateway, collections.Counter())[where[o.rid]] += 1
     home = {p: c.most_common(1)[0][0] for p, c in homes.items()}
     home_picks = [o for o in ok if o.pick == "prefix_home"]
     with_home = [o for o in ok if o.prefix in home]
@@ -284,12 +411,14 @@ def agreement(outcomes: list[Outcome], owner: dict[str, int]) -> dict[str, float
     return {
         "requests": len(ok),
         "home_picks_on_home_pct": 100
-        * sum(owner[o.rid] == home[o.prefix] for o in home_picks)
+        * sum(where[o.rid] == home[o.prefix] for o in home_picks)
         / max(len(home_picks), 1),
-        "on_home_pct": 100 * sum(owner[o.rid] == home[o.prefix] for o in with_home) / max(len(with_home), 1),
+        "on_home_pct": 100 * sum(where[o.rid] == home[o.prefix] for o in with_home) / max(len(with_home), 1),
         "spilled_pct": 100 * sum(o.pick == "prefix_bounded_spill" for o in ok) / max(len(ok), 1),
         "prefixes_same_home_pct": 100 * same / max(len(multi), 1),
         "prefixes": len(multi),
+        "dictated_pct": 100 * sum(where[o.rid] == ideal.get(o.rid) for o in ok) / max(len(ok), 1),
+        "dictated_home_pct": 100 * sum(ideal.get(o.rid) == home.get(o.prefix) for o in ok) / max(len(ok), 1),
         "errors": sum(1 for o in outcomes if o.status != 200),
     }
 
@@ -338,7 +467,7 @@ async def run(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-mg-"))
     rng = random.Random(args.seed)
     t0 = time.monotonic()
-    stack = start(workdir, args.redis_url, args.load_bound, args.store_timeout, args.min_bound)
+    stack = start(workdir, args)
     try:
         print(f"stack up in {time.monotonic() - t0:.1f} s: sims {len(stack.sims)}, gateways "
               + ", ".join(f"{n} {u}" for n, u in stack.gateways.items()))  # fmt: skip
@@ -356,20 +485,46 @@ async def run(args: argparse.Namespace) -> None:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n## Same prefix, same replica (4 sims, prefix_affinity, load_bound {args.load_bound}, "
-          f"min_bound {args.min_bound})\n")
     print(
-        "| phase | in flight | requests | prefix_home picks on the prefix's home | all requests on the home "
-        "| spilled by bounded load | prefixes with one home from every gateway | errors |"
+        f"\n## Same prefix, same replica (4 sims, prefix_affinity, load_bound {args.load_bound}, "
+        f"min_bound {args.min_bound}, spill {args.spill}, "
+        f"peer_load {f'every {args.peer_load_s} s' if args.peer_load_s else 'off'})\n"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    round_s = args.peer_load_s or 0.1
+    print(
+        f"| phase | in flight | requests | **same replica as every other gateway (same prefix, same {round_s} s "
+        "round)** | all requests on the home | spilled by bounded load | prefix_home picks on the home "
+        "| prefixes with one home from every gateway | on the replica an exact view picks | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    policy = PrefixAffinity(args.load_bound, args.min_bound, args.spill)
+    ideal = dictated(light + loaded, owner, stack.sims, policy)
     for label, conc, phase in (("light", 3, light), ("loaded", args.concurrency, loaded)):
-        r = agreement(phase, owner)
+        r = agreement(phase, owner, ideal)
+        same, pairs = same_round_agreement(phase, owner, round_s)
         print(
-            f"| {label} | {conc} | {r['requests']} | {r['home_picks_on_home_pct']:.1f} % | {r['on_home_pct']:.1f} % "
-            f"| {r['spilled_pct']:.1f} % | {r['prefixes_same_home_pct']:.0f} % of {r['prefixes']} | {r['errors']} |"
+            f"| {label} | {conc} | {r['requests']} | **{same:.1f} %** (of {pairs} with a peer) "
+            f"| {r['on_home_pct']:.1f} % | {r['spilled_pct']:.1f} % | {r['home_picks_on_home_pct']:.1f} % "
+            f"| {r['prefixes_same_home_pct']:.0f} % of {r['prefixes']} | {r['dictated_pct']:.1f} % | {r['errors']} |"
         )
-    print(f"\n(store.socket_timeout_s {args.store_timeout})")
+    print(f"\nreplayed homes = observed prefix_home replicas: {home_check(light + loaded, owner, stack.sims)}")
+    for label, phase in (("light", light), ("loaded", loaded)):
+        late, n = same_round_agreement(phase, owner, round_s, 0.02)
+        print(
+            f"{label}: same replica as every other gateway, leaving out each round's first 20 ms: {late:.1f} % of {n}"
+        )
+    for label, phase in (("light", light), ("loaded", loaded)):
+        took = sorted(owner[o.rid].end - owner[o.rid].start for o in phase if o.rid in owner)
+        if took:
+            print(f"{label}: a request held its sim for {1000 * took[len(took) // 2]:.0f} ms (median), "
+                  f"{1000 * took[9 * len(took) // 10]:.0f} ms (p90)")  # fmt: skip
+    print("\nWhere a request left the replica the cluster state dictated (share of the phase's requests):\n")
+    print("| phase | sent home, state said spill | spilled, state said home | spilled elsewhere than the state |")
+    print("|---|---|---|---|")
+    for label, phase in (("light", light), ("loaded", loaded)):
+        m = mismatches(phase, owner, ideal, stack.sims)
+        print(f"| {label} | {m[0]:.1f} % | {m[1]:.1f} % | {m[2]:.1f} % |")
+    print(f"\n(store.socket_timeout_s {args.store_timeout}; `uptime`: {os.getloadavg()[0]:.2f} load avg)")
     print(f"\n## One rpm limit ({RPM}/min) across the gateway processes: {3 * RPM} requests at once, {BURSTS} times\n")
     for k, (burst, _) in enumerate(bursts):
         passed = burst.get(200, 0) + burst.get(-200, 0)
@@ -406,8 +561,18 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--store-timeout", type=float, default=0.25, help="store.socket_timeout_s (the default: 0.25)")
     p.add_argument("--load-bound", type=float, default=1.25, help="prefix_affinity's c (routing.load_bound's default)")
-    p.add_argument("--min-bound", type=int, default=0,
-                   help="prefix_affinity's min_bound (requests a home always takes)")
+    p.add_argument(
+        "--min-bound", type=int, default=0, help="prefix_affinity's min_bound (requests a home always takes)"
+    )
+    p.add_argument(
+        "--spill", choices=["least_loaded", "ranked"], default="least_loaded", help="prefix_affinity's spill order"
+    )
+    p.add_argument(
+        "--peer-load-s",
+        type=float,
+        default=0.1,
+        help="routing.peer_load.interval_s (0: peer load off, each process sees only its own in-flight)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = p.parse_args()
     if not args.redis_url and shutil.which("redis-server") is None:

@@ -223,12 +223,12 @@ async def load(url: str, mode: str, concurrency: int, seconds: float) -> tuple[i
     return len(lat), lat, errors
 
 
-def run_wrk(url: str, mode: str, concurrency: int, seconds: float, tmp: Path) -> Run:
-    """One wrk run pinned to LOAD_CORE; returns its counts and the client's own CPU seconds in side_cpu."""
+def run_wrk(url: str, mode: str, concurrency: int, seconds: float, tmp: Path, core: str = LOAD_CORE) -> Run:
+    """One wrk run pinned to `core`; returns its counts and the client's own CPU seconds in side_cpu."""
     script = tmp / f"{mode.replace('/', '-')}.lua"
     script.write_text(_WRK_LUA % (json.dumps(body_for(mode).decode()), _wrk_headers(mode)))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{concurrency}", f"-d{seconds:.0f}s",
+    out = subprocess.run(["taskset", "-c", core, "wrk", "-t1", f"-c{concurrency}", f"-d{seconds:.0f}s",
                           "--timeout", "30s", "-s", str(script), url + path_for(mode)],
                          capture_output=True, text=True, check=True, timeout=seconds + 60)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -33,7 +33,7 @@ class Entry(NamedTuple):
 
 
 def _prefix_affinity(p: PrefixAffinityParams, d: PolicyDefaults) -> PrefixAffinity:
-    return PrefixAffinity(p.load_bound if p.load_bound is not None else d.load_bound, p.min_bound)
+    return PrefixAffinity(p.load_bound if p.load_bound is not None else d.load_bound, p.min_bound, p.spill)
 
 
 def _kv_events(p: KvEventsParams, d: PolicyDefaults) -> Policy:

@@ -50,6 +50,7 @@ class ReplicaState:
         "pool",
         "probed",
         "running",
+        "shared_load",
         "ttft_ewma_s",
         "url",
         "waiting",
@@ -78,6 +79,9 @@ class ReplicaState:
         # Requests the last scrape saw beyond our own in-flight ones: other clients' (kept current so
         # load() is one addition; pick reads it for every candidate of every request).
         self.external = 0
+        # Every gateway process's in-flight requests here as published in the last round, the same number in
+        # each of them (app/routing/peer_load.py); -1 while there is no such snapshot (no peers, store down).
+        self.shared_load = -1
         self.last_scrape = 0.0
         # When the last in-band load report (a reply's endpoint-load-metrics header) arrived; a scrape asked
         # before it is older than it, and leaves the load it set alone.

@@ -188,6 +188,11 @@ class Store(Protocol):
         """Each tenant's shared set of volatile template fingerprints (at most VOLATILE_PER_TENANT each)."""
         ...
 
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> dict[str, str]:
+        """Publish this gateway process's load payload, kept `ttl_s` (None: only read); every live process's
+        payload by process id, this one's included."""
+        ...
+
     async def ping(self) -> None:
         """Raise StoreUnavailable unless the store answers."""
         ...

@@ -163,6 +163,8 @@ class MemoryStore:
         self._facts = Facts()
         # tenant -> volatile template fingerprint -> µs it was last added, oldest add first
         self._volatile: dict[str, OrderedDict[int, int]] = {}
+        # gateway process id -> (µs its load payload expires, the payload)
+        self._loads: dict[str, tuple[int, str]] = {}
 
     # -- limits --------------------------------------------------------------------------------
     async def admit(
@@ -366,6 +368,15 @@ class MemoryStore:
             held.popitem(last=False)
         if not held:
             del self._volatile[tenant_id]
+
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> dict[str, str]:
+        """Publish ours (unless None), drop the expired, return every live one's (gateways sharing this object)."""
+        now = self._clock_us()
+        if payload is not None:
+            self._loads[process_id] = (now + int(ttl_s * US), payload)
+        for pid in [pid for pid, (expires, _) in self._loads.items() if expires < now]:
+            del self._loads[pid]
+        return {pid: p for pid, (_, p) in self._loads.items()}
 
     async def ping(self) -> None:
         """Always reachable."""

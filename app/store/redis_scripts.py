@@ -129,3 +129,30 @@ end
 return 0
 """
 )
+
+# KEYS: the load hash (field: gateway process id, value: "<expiry ms>|<its payload>")
+# ARGV: this process's id, ttl ms, its payload ('' = read only)
+# Publishes this process's payload (unless reading only), drops processes past their expiry (they died or lost
+# the store) and returns every live process's id and payload, this one's included. Expiry is by the server's
+# clock, so gateway hosts with skewed clocks still agree on who is alive.
+SHARE_LOAD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now + tonumber(ARGV[2])) .. '|' .. ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local out = {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local v = all[i + 1]
+  local bar = string.find(v, '|', 1, true)
+  if bar == nil or tonumber(string.sub(v, 1, bar - 1)) < now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = string.sub(v, bar + 1)
+  end
+end
+return out
+"""

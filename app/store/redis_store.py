@@ -42,7 +42,7 @@ from app.store.base import (
     SpendRecord,
     StoreUnavailable,
 )
-from app.store.redis_scripts import ADMIT, ADMIT_KEYS, SETTLE, SETTLE_KEYS
+from app.store.redis_scripts import ADMIT, ADMIT_KEYS, SETTLE, SETTLE_KEYS, SHARE_LOAD
 from app.store.resp import RespAddress, RespClient, RespError, ScriptCall, encode_command
 
 T = TypeVar("T")
@@ -107,6 +107,7 @@ class RedisStore:
         self._admit = self._r.register_script(ADMIT)
         self._settle = self._r.register_script(SETTLE)
         self._volatile_add = self._r.register_script(_VOLATILE_ADD)
+        self._share_load = self._r.register_script(SHARE_LOAD)
         self._admit_call = ScriptCall(ADMIT, ADMIT_KEYS, 9)
         self._settle_call = ScriptCall(SETTLE, SETTLE_KEYS, 13)
         addr = RespAddress.from_url(url) if fast_path else None
@@ -345,6 +346,12 @@ class RedisStore:
             pipe.zrange(self._t(tid, "volatile"), 0, VOLATILE_PER_TENANT - 1)
         replies: list[list[str]] = await self._call(pipe.execute())
         return {tid: {int(m) for m in members if m.isdigit()} for tid, members in zip(tenant_ids, replies, strict=True)}
+
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> dict[str, str]:
+        """One script on the load hash: publish ours (unless None), expire the silent, read every process's."""
+        args = [process_id, str(max(int(ttl_s * 1000), 1)), payload or ""]
+        reply: list[str] = await self._call(self._share_load(keys=[f"{self._p}in_flight"], args=args))
+        return dict(zip(reply[::2], reply[1::2], strict=True))
 
     async def ping(self) -> None:
         """Raise StoreUnavailable unless Redis answers."""

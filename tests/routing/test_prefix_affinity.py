@@ -133,3 +133,39 @@ def test_a_min_bound_keeps_low_load_on_the_home_and_the_bound_applies_above_it()
     assert kept.chosen is home and kept.reason == "prefix_home"
     home.in_flight = 8
     assert PrefixAffinity(1.25, min_bound=8).select(reps, key).reason == "prefix_bounded_spill"
+
+
+def test_ranked_spill_overflows_to_the_next_replica_in_the_keys_order_within_the_bound() -> None:
+    reps = replicas(URLS)
+    key = 4242
+    order = sorted(reps, key=lambda r: rendezvous_score(key, r.hash), reverse=True)
+    set_load(order[0], running=6)  # the home: over the bound
+    set_load(order[-1], running=0)  # least loaded, but last in the key's order
+    for r in order[1:-1]:
+        set_load(r, running=1)
+    ranked = PrefixAffinity(1.25, spill="ranked").select(reps, key)
+    assert (ranked.chosen, ranked.runner_up, ranked.reason) == (order[1], order[0], "prefix_bounded_spill")
+    assert PrefixAffinity(1.25).select(reps, key).chosen is order[-1]  # least_loaded picks the idle one
+    set_load(order[1], running=4)  # the second is over the bound too: the third takes it
+    assert PrefixAffinity(1.25, spill="ranked").select(reps, key).chosen is order[2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=2, max_size=6), st.integers(0, 2**64 - 1))
+def test_ranked_spill_never_breaks_the_bound(loads: list[int], key: int) -> None:
+    reps = replicas([f"http://h{i}:1" for i in range(len(loads))])
+    for r, n in zip(reps, loads, strict=True):
+        set_load(r, running=n)
+    sel = PrefixAffinity(1.25, spill="ranked").select(reps, key)
+    assert sel.chosen.load() + 1 <= bound(1.25, sum(loads) + 1, len(loads))
+
+
+def test_a_shared_snapshot_replaces_the_live_load_in_the_bound() -> None:
+    reps = replicas(URLS)
+    key = 99
+    home = PrefixAffinity(1.25).select(reps, key).chosen
+    set_load(home, running=6)  # the live view: over the bound
+    assert PrefixAffinity(1.25).select(reps, key).reason == "prefix_bounded_spill"
+    for r in reps:
+        r.shared_load = 1  # every gateway's requests at the round's start: even
+    assert PrefixAffinity(1.25).select(reps, key).chosen is home

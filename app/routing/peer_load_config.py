@@ -1,0 +1,28 @@
+"""`routing.peer_load`: gateway processes sharing a Store judge bounded load on one snapshot of all their requests.
+
+Self-contained (no import of app.config) so RoutingConfig mounts it with one line.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PeerLoadSettings(BaseModel):
+    """Rounds of `interval_s` on the wall clock; in each, every process uses the counts all published in the last."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # On whenever the store is shared (Redis); a single process with the in-memory store has no peers.
+    enabled: bool = True
+    # How late bounded load sees the requests (one to two rounds), and one store round trip per round. A process
+    # whose event loop or store call lags by more than a round falls back to its own live view for that round.
+    interval_s: float = Field(0.1, gt=0, le=5.0)
+    # A process that stops publishing (killed, store unreachable) is forgotten after this long.
+    ttl_s: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ttl_spans_rounds(self) -> PeerLoadSettings:
+        if self.ttl_s < 2 * self.interval_s:
+            raise ValueError("routing.peer_load.ttl_s must be at least twice interval_s (one late round is normal)")
+        return self
