@@ -52,6 +52,12 @@ def until_next_round(now: float, interval_s: float) -> float:
     return interval_s - (now % interval_s)
 
 
+def round_starting(now: float, interval_s: float) -> int:
+    """The round a wake-up at a round's start begins: the nearest boundary's. uvloop's timers run on whole
+    milliseconds and may fire a little before the boundary, where the clock still says the round before."""
+    return round(now / interval_s)
+
+
 def previous_round_counts(payload: str, current: int) -> dict[str, int] | None:
     """The round `current - 1` counts in a published payload, or None (an older round, or not a payload)."""
     try:
@@ -131,9 +137,9 @@ class PeerLoad:
         while True:
             await asyncio.sleep(until_next_round(self.clock(), self.settings.interval_s))
             try:
-                current = self.round_now()
+                current = round_starting(self.clock(), self.settings.interval_s)
                 await self.exchange(current)
-                if self.round_now() != current:  # a slow store or a busy loop: the others are a round further
+                if self.round_now() > current:  # a slow store or a busy loop: the others are a round further
                     self.stale()
             except Exception:  # a bug here must not end sharing silently for the process's life
                 log.exception("peer load: round failed")

@@ -9,7 +9,13 @@ import pytest
 
 from app.config import parse_config
 from app.pipeline import Gateway
-from app.routing.peer_load import PeerLoad, previous_round_counts, replica_field, until_next_round
+from app.routing.peer_load import (
+    PeerLoad,
+    previous_round_counts,
+    replica_field,
+    round_starting,
+    until_next_round,
+)
 from app.routing.peer_load_config import PeerLoadSettings
 from app.routing.prefix_affinity import PrefixAffinity
 from app.routing.state import ClusterState, ReplicaState
@@ -122,6 +128,11 @@ def test_a_payload_of_an_older_round_or_a_broken_one_counts_nothing() -> None:
 def test_rounds_start_at_multiples_of_the_interval_on_the_wall_clock() -> None:
     assert until_next_round(1000.03, 0.1) == pytest.approx(0.07)
     assert until_next_round(1000.0, 0.25) == pytest.approx(0.25)
+
+
+def test_a_timer_that_fires_just_before_the_boundary_starts_the_round_after_it() -> None:
+    assert round_starting(1000.0995, 0.1) == 10001  # woke 0.5 ms early
+    assert round_starting(1000.1004, 0.1) == 10001  # or late
 
 
 def test_counts_are_named_by_pool_and_url_so_processes_with_one_config_agree() -> None:
