@@ -11,6 +11,10 @@ request is attributed to the replica that served it. Phases, all bounded in coun
 then spend (Redis, through the admin API) against the sum of x-kvgate-cost-usd, and a /metrics audit.
 
     .venv/bin/python experiments/multi_gateway.py [--light 240 --loaded 480 --concurrency 48 --kill]
+        [--peer-load-s 0.1 (0: off)] [--min-bound 8] [--spill ranked]
+
+Agreement is measured per request: every request of the same prefix that reached a sim in the same peer-load
+round through another gateway went to the same replica (docs/deploy.md, "Many gateway processes").
 """
 
 from __future__ import annotations
