@@ -50,6 +50,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fair_queue_trace import Sample, breakdown, engine_means, timeline, trace_loop
 from procs import MODEL, Proc, gateway_config, gateway_proc, metric_sum, scrape, sim_proc
 
 from app.admission import AdmissionConfig, AdmissionQueue, AdmissionRejected
@@ -75,6 +76,7 @@ class Record:
     error: str | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0
+    gateway_wait: float | None = None  # the gateway's own `queued=` (x-kvgate-route), seconds real
 
 
 @dataclass
@@ -105,6 +107,8 @@ class ArmResult:
     queue: AdmissionQueue | None = None
     samples: list[tuple[int, int]] = field(default_factory=list)  # (sims' waiting, gateway queue) per scrape
     gateway_metrics: dict[str, float] = field(default_factory=dict)  # the gateway's /metrics after the arm
+    trace: list[Sample] = field(default_factory=list)
+    engine: str = ""  # the sims' mean queue and prefill time over the window
 
 
 # ------------------------------------------------------------------------------------------------ workload
@@ -183,6 +187,7 @@ class Client:
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}"
                     return
+                rec.gateway_wait = route_wait_s(resp.headers.get("x-kvgate-route"))
                 await self._read(resp, rec, start)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             rec.error = type(e).__name__
@@ -207,6 +212,16 @@ class Client:
                     usage = orjson.loads(line[5:]).get("usage") or {}
                     rec.prompt_tokens = int(usage.get("prompt_tokens", 0))
                     rec.output_tokens = int(usage.get("completion_tokens", 0))
+
+
+def route_wait_s(route: str | None) -> float | None:
+    """The gateway's queue wait from x-kvgate-route (`;queued=<ms>`, absent = started at once); None: no gateway."""
+    if route is None:
+        return None
+    for part in route.split(";"):
+        if part.startswith("queued="):
+            return float(part[len("queued="):]) / 1000.0
+    return 0.0
 
 
 # ------------------------------------------------------------------------------------------------ one arm
@@ -254,6 +269,8 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
                         output_tokens=args.output_tokens)  # fmt: skip
         scraper = asyncio.create_task(scrape_loop(session, replicas, queue, args.probe_interval / ts, stop, samples))
         t0 = time.perf_counter()
+        trace: list[Sample] = []
+        tracer = asyncio.create_task(trace_loop(session, urls, gateway, t0, args.trace_every / ts, ts, stop, trace))
         tasks: list[tuple[Record, asyncio.Task[None]]] = []
         before = after = None
         for i, (at, tenant) in enumerate(plan):
@@ -284,6 +301,7 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
         await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
         stop.set()
         await scraper
+        await tracer
     window = t_after - args.warmup
     tokens_per_s = None
     if before is not None and window > 0:
@@ -293,7 +311,8 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
                         if args.warmup <= r.arrival and not r.cut_off and r.error is None)  # fmt: skip
         tokens_per_s = total / window
     gw_metrics = scrape(gateway) if gateway else {}
-    return ArmResult(name, [r for r, _ in tasks], tokens_per_s, queue, samples, gw_metrics)
+    engine = engine_means(before, after, ts) if before is not None else ""
+    return ArmResult(name, [r for r, _ in tasks], tokens_per_s, queue, samples, gw_metrics, trace, engine)
 
 
 def _counters(urls: Sequence[str]) -> dict[str, dict[str, float]]:
@@ -382,6 +401,11 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
             extra += f"; queue 429s {metric_sum(m, 'gateway_rate_limited_total', limit='queue'):.0f}"
         print(f"{a.name}: light cut off {lt['cut_off']}, errors {lt['errors']}; heavy cut off {hv['cut_off']}, "
               f"errors {hv['errors']}{extra}")
+        print(f"  {a.engine}")
+        for tenant in (LIGHT, HEAVY):
+            print("  " + breakdown(a.records, tenant, ts, w))
+        if args.timeline:
+            print("  running/waiting|limit/in_flight/queued: " + timeline(a.trace, w))
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -515,6 +539,8 @@ def main() -> None:
     p.add_argument("--max-queue-len", type=int, default=1024)
     p.add_argument("--time-scale", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace-every", type=float, default=0.5, help="sample sims and gateway, modeled seconds")
+    p.add_argument("--timeline", action="store_true", help="print the sampled series of every arm")
     p.add_argument("--via-gateway", action="store_true", help="every arm through a kvgate serve in front of the sims")
     args = p.parse_args()
     if math.isclose(args.time_scale, 0):
