@@ -220,7 +220,7 @@ def route_wait_s(route: str | None) -> float | None:
         return None
     for part in route.split(";"):
         if part.startswith("queued="):
-            return float(part[len("queued="):]) / 1000.0
+            return float(part[len("queued=") :]) / 1000.0
     return 0.0
 
 
@@ -356,12 +356,14 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
     light = {a.name: tenant_stats(a, LIGHT, ts, w) for a in results}
     heavy = {a.name: tenant_stats(a, HEAVY, ts, w) for a in results}
     print()
-    print(f"{args.replicas} sim(s) h100-8b --max-num-seqs {args.max_num_seqs}, --time-scale {ts:g}; prompts "
-          f"{args.prompt_tokens} tokens (uncached), {args.output_tokens} output tokens (ignore_eos); Poisson light "
-          f"{light_rate:g} req/s, heavy {heavy_rate:g} req/s; {args.duration:g} s per arm, measured after "
-          f"{w:g} s, drain {args.drain:g} s; fair queue: max_waiting_per_replica {args.max_waiting}, reserve "
-          f"{args.reserve}, bulk deadline {args.bulk_deadline:g} s, scrape every "
-          f"{args.probe_interval:g} s; times in modeled time, seed {args.seed}")
+    print(
+        f"{args.replicas} sim(s) h100-8b --max-num-seqs {args.max_num_seqs}, --time-scale {ts:g}; prompts "
+        f"{args.prompt_tokens} tokens (uncached), {args.output_tokens} output tokens (ignore_eos); Poisson light "
+        f"{light_rate:g} req/s, heavy {heavy_rate:g} req/s; {args.duration:g} s per arm, measured after "
+        f"{w:g} s, drain {args.drain:g} s; fair queue: max_waiting_per_replica {args.max_waiting}, reserve "
+        f"{args.reserve}, bulk deadline {args.bulk_deadline:g} s, scrape every "
+        f"{args.probe_interval:g} s; times in modeled time, seed {args.seed}"
+    )
     base_ttft = light.get("alone", {}).get("ttft_p99")
     base_tps = by["no_queue"].tokens_per_s if "no_queue" in by else None
     header = (f"{'arm':18s} {'light p50 ms':>12s} {'light p99 ms':>12s} {'p99/alone':>10s} {'tokens/s':>9s} "
@@ -399,8 +401,10 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
                 extra += "; mean queue wait ms " + str({t: round(queued_s[t] / waits[t] * 1000 * ts, 1)
                                                          for t in waits if waits[t]})  # fmt: skip
             extra += f"; queue 429s {metric_sum(m, 'gateway_rate_limited_total', limit='queue'):.0f}"
-        print(f"{a.name}: light cut off {lt['cut_off']}, errors {lt['errors']}; heavy cut off {hv['cut_off']}, "
-              f"errors {hv['errors']}{extra}")
+        print(
+            f"{a.name}: light cut off {lt['cut_off']}, errors {lt['errors']}; heavy cut off {hv['cut_off']}, "
+            f"errors {hv['errors']}{extra}"
+        )
         print(f"  {a.engine}")
         for tenant in (LIGHT, HEAVY):
             print("  " + breakdown(a.records, tenant, ts, w))

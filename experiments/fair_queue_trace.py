@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-
 from procs import metric_sum, parse_prom
 
 from app.bench.report import percentile
@@ -90,8 +89,10 @@ def breakdown(records: Sequence[Any], tenant: str, ts: float, warmup: float) -> 
     slow = sorted(rs, key=lambda r: r.ttft, reverse=True)[: max(1, len(rs) // 20)]
     worst = ", ".join(f"{r.arrival:.1f}s:{r.gateway_wait * ts * 1000:.0f}+{(r.ttft - r.gateway_wait) * ts * 1000:.0f}"
                       for r in slow)  # fmt: skip
-    return (f"{tenant}: gateway wait mean/p50/p99 {stats(gw)} ms ({queued}/{len(rs)} queued); after the gateway "
-            f"(engine queue + prefill) {stats(engine)} ms; slowest 5% at arrival: wait+engine ms {worst}")
+    return (
+        f"{tenant}: gateway wait mean/p50/p99 {stats(gw)} ms ({queued}/{len(rs)} queued); after the gateway "
+        f"(engine queue + prefill) {stats(engine)} ms; slowest 5% at arrival: wait+engine ms {worst}"
+    )
 
 
 def timeline(samples: Sequence[Sample], warmup: float) -> str:
