@@ -43,6 +43,7 @@ class Policy:
     headroom: int = 0
     per_step: int = UNBOUNDED
     quiet: bool = False
+    pace: float = 0.0  # heavy starts at most `pace` x the recent completion rate (the gateway's pacing), 0: off
 
 
 def poisson(rate: float, until: float, rng: random.Random) -> Iterator[float]:
@@ -80,6 +81,8 @@ class Model:
         events = sorted([(t, LIGHT) for t in light] + [(t, HEAVY) for t in heavy])
         sched, now, i = self.sched, 0.0, 0
         waiting: dict[str, deque[float]] = {LIGHT: deque(), HEAVY: deque()}
+        done: deque[float] = deque(maxlen=64)  # completion times, for the pacing rate
+        paced_until = 0.0
         ttft: list[float] = []
         end = self.args.duration
         while now < end:
@@ -95,9 +98,11 @@ class Model:
                 self.tenant[r.seq] == LIGHT and r.num_output == 0 for r in (*sched.waiting, *sched.running)
             )  # fmt: skip
             while (waiting[HEAVY] and len(self.tenant) < policy.cap - policy.headroom and started < policy.per_step
-                   and not light_prefilling):  # fmt: skip
+                   and not light_prefilling and now >= paced_until):  # fmt: skip
                 self._add(self.request(waiting[HEAVY].popleft()), HEAVY)
                 started += 1
+                if policy.pace and len(done) >= 8 and done[-1] > done[0]:
+                    paced_until = now + (done[-1] - done[0]) / (len(done) - 1) / policy.pace
             if not sched.has_work():
                 now = events[i][0] if i < len(events) else end
                 continue
@@ -110,6 +115,7 @@ class Model:
                     ttft.append(now - req.arrival + overhead)
             for req in finished:
                 del self.tenant[req.seq]
+                done.append(now)
         return ttft
 
     def _add(self, req: SimRequest, who: str) -> None:
@@ -129,6 +135,8 @@ def main() -> None:
     p.add_argument("--heavy-factor", type=float, default=10.0)
     p.add_argument("--below-load", type=float, default=0.5)
     p.add_argument("--headroom", type=int, default=2, help="slots kept free of heavy requests (reserve)")
+    p.add_argument("--pace", type=float, nargs="*", default=[1.5, 2.0, 3.0],
+                   help="heavy starts at most this many times the completion rate (the gateway's pacing)")
     p.add_argument("--duration", type=float, default=600.0, help="modeled seconds (long: a p99 of many samples)")
     p.add_argument("--warmup", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
@@ -145,6 +153,7 @@ def main() -> None:
         f"cap {cap}, headroom {h}": (light, heavy, Policy(cap, h)),
         "  + 1 heavy start/step": (light, heavy, Policy(cap, h, 1)),
         "  + quiet light prefill": (light, heavy, Policy(cap, h, 1, quiet=True)),
+        **{f"cap {cap}, headroom {h}, paced {k:g}x": (light, heavy, Policy(cap, h, pace=k)) for k in args.pace},
         "below (no queue)": (half_light, half_heavy, Policy()),
     }
     print(f"h100-8b step model, --max-num-seqs {args.max_num_seqs}, --max-num-batched-tokens "

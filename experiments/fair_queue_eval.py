@@ -7,7 +7,8 @@ Arms, each on freshly started sims, same seeded arrivals:
               vLLM priority alone can do, and it needs the operator to know in advance who is light)
   fair_queue  both, through app.admission.AdmissionQueue in this process: the queue sees the sims' /metrics
               scraped every probe interval (modeled time) and admits by virtual token counter, keeping
-              --reserve slots per replica for tenants under their share (fair_queue_no_reserve: none)
+              a demand-sized reserve of slots for tenants under their share (fair_queue_no_reserve: none) and
+              over-share starts paced (fair_queue_unpaced: not)
   below_no_queue / below_fair_queue   both tenants at --below-load of the saturating rates: the fast path
               must add nothing there (optional, --arms)
 
@@ -361,7 +362,7 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
         f"{args.prompt_tokens} tokens (uncached), {args.output_tokens} output tokens (ignore_eos); Poisson light "
         f"{light_rate:g} req/s, heavy {heavy_rate:g} req/s; {args.duration:g} s per arm, measured after "
         f"{w:g} s, drain {args.drain:g} s; fair queue: max_waiting_per_replica {args.max_waiting}, reserve "
-        f"{args.reserve}, bulk deadline {args.bulk_deadline:g} s, scrape every "
+        f"{args.reserve}..{args.reserve_max} per replica, pace {args.pace:g}, bulk deadline {args.bulk_deadline:g} s, scrape every "
         f"{args.probe_interval:g} s; times in modeled time, seed {args.seed}"
     )
     base_ttft = light.get("alone", {}).get("ttft_p99")
@@ -425,11 +426,14 @@ def sims_for(args: argparse.Namespace, tag: str, priority: bool, log_dir: Path) 
             for i in range(args.replicas)]  # fmt: skip
 
 
-def queue_config(args: argparse.Namespace, reserve: int) -> AdmissionConfig:
-    """The fair queue's settings, with its deadlines converted to real seconds."""
+def queue_config(args: argparse.Namespace, arm: str) -> AdmissionConfig:
+    """The fair queue's settings for `arm` (…_no_reserve: no reserve, …_unpaced: no pacing), deadlines in real s."""
     ts = args.time_scale
-    return AdmissionConfig(enabled=True, max_waiting_per_replica=args.max_waiting, reserve_per_replica=reserve,
-                           deadline_s={"interactive": 2.0 / ts, "bulk": args.bulk_deadline / ts},
+    reserve = not arm.endswith("no_reserve")
+    return AdmissionConfig(enabled=True, max_waiting_per_replica=args.max_waiting,
+                           reserve_per_replica=args.reserve if reserve else 0,
+                           reserve_max_per_replica=args.reserve_max if reserve else 0,
+                           pace_over_share=0.0 if arm.endswith("unpaced") else args.pace, deadline_s={"interactive": 2.0 / ts, "bulk": args.bulk_deadline / ts},
                            max_queue_len=args.max_queue_len)  # fmt: skip
 
 
@@ -447,8 +451,7 @@ async def direct(args: argparse.Namespace) -> None:
         sims = sims_for(args, name, priority, log_dir)
         queue = None
         if "fair_queue" in name:
-            reserve = 0 if name.endswith("no_reserve") else args.reserve
-            queue = AdmissionQueue(queue_config(args, reserve), pool="bulk")
+            queue = AdmissionQueue(queue_config(args, name), pool="bulk")
         try:
             for s in sims:
                 s.start()
@@ -474,7 +477,7 @@ def arm_gateway_config(args: argparse.Namespace, name: str, urls: Sequence[str])
     pool: dict[str, object] = {"role": "bulk", "replicas": list(urls), "policy": "least_load",
                                "max_num_seqs": args.max_num_seqs, "priority_scheduling": priority}  # fmt: skip
     if "fair_queue" in name:
-        pool["admission"] = queue_config(args, args.reserve).model_dump()
+        pool["admission"] = queue_config(args, name).model_dump()
     # Only the priority-alone arm tells vLLM who is light (the operator must know in advance).
     light_class = "interactive" if name == "priority" else "bulk"
     tenants = [{"id": LIGHT, "api_keys": [GATEWAY_KEYS[LIGHT]], "default_class": light_class},
@@ -538,7 +541,12 @@ def main() -> None:
     p.add_argument("--drain", type=float, default=10.0, help="modeled seconds to finish after the arrivals")
     p.add_argument("--probe-interval", type=float, default=1.5, help="scrape interval, modeled seconds")
     p.add_argument("--max-waiting", type=int, default=4, help="fair queue: max_waiting_per_replica")
-    p.add_argument("--reserve", type=int, default=2, help="fair queue: reserve_per_replica (arm fair_queue)")
+    p.add_argument("--reserve", type=int, default=0,
+                   help="fair queue: reserve_per_replica, the reserve's floor (arm fair_queue)")
+    p.add_argument("--reserve-max", type=int, default=AdmissionConfig().reserve_max_per_replica,
+                   help="fair queue: reserve_max_per_replica, the demand-sized reserve's ceiling")
+    p.add_argument("--pace", type=float, default=AdmissionConfig().pace_over_share,
+                   help="fair queue: pace_over_share (0: over-share starts unpaced)")
     p.add_argument("--bulk-deadline", type=float, default=30.0, help="fair queue: bulk deadline, modeled s")
     p.add_argument("--max-queue-len", type=int, default=1024)
     p.add_argument("--time-scale", type=float, default=0.5)

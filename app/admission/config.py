@@ -39,10 +39,17 @@ class AdmissionConfig(BaseModel):
     kv_usage_threshold: float = Field(0.95, gt=0, le=1)
     # Optional hard cap on the predicted tokens (uncached prompt + output) the gateway has in flight on the pool.
     max_in_flight_tokens: int | None = Field(None, ge=1)
-    # While saturated, this many engine slots per replica are kept for tenants under their fair share of the
-    # slots, so a light tenant's request starts at once instead of waiting for a running one to finish. Costs
-    # that share of the pool's batch (e.g. 2 of 64 sequences, ~3% of tokens/s) whenever a flood saturates it.
+    # While saturated, engine slots are kept free for tenants under their fair share of the slots, so a light
+    # tenant's request starts at once instead of waiting for a running one to finish. The reserve follows
+    # demand (app.admission.pace): enough that such a request finds a free slot but for `reserve_miss` of the
+    # time, from their arrival rate vs the pool's release rate, between these bounds per replica. A kept slot
+    # costs its share of the batch (3 of 64 sequences, ~5% of tokens/s at most) only while someone needs it.
     reserve_per_replica: int = Field(0, ge=0)
+    reserve_max_per_replica: int = Field(4, ge=0)
+    reserve_miss: float = Field(0.005, gt=0, lt=1)
+    # While capped, requests of tenants over their share start at most this many times as fast as slots free
+    # up, evenly spaced (0: off): the engine then never gets a burst of their prefills in one step.
+    pace_over_share: float = Field(2.0, ge=0)
     deadline_s: ClassDeadlines = ClassDeadlines()
     # Requests waiting in the gateway for this pool, all tenants together. When full, the tenant with the
     # longest queue loses its newest request to a tenant with a shorter one (so a flood cannot lock others out).

@@ -18,99 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
 
 from app.admission.config import AdmissionConfig, RouteClass
 from app.admission.limit import learn_capacity, next_limit
+from app.admission.pace import EventRate, demand_reserve, pace_gap_s
 from app.admission.saturation import ReplicaLoad, Saturation, assess
+from app.admission.ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
 from app.admission.vtc import Entry, VirtualTokenCounter
 
-RejectReason = Literal["queue_full", "deadline"]
-# Slot releases remembered for the service rate behind Retry-After.
-RATE_WINDOW = 64
+__all__ = ["AdmissionQueue", "AdmissionRejected", "Ticket", "WaitStats"]
+
 MIN_RETRY_AFTER_S = 0.1
-
-
-class AdmissionRejected(Exception):
-    """The request cannot start in time (or the queue is full): map to 429 + Retry-After, or degrade."""
-
-    def __init__(self, retry_after_s: float, reason: RejectReason, *, tenant: str = "",
-                 route_class: RouteClass = "bulk", waited_s: float = 0.0) -> None:  # fmt: skip
-        super().__init__(f"admission rejected ({reason}); retry after {retry_after_s:.1f} s")
-        self.retry_after_s = retry_after_s
-        self.reason = reason
-        self.tenant = tenant
-        self.route_class = route_class
-        self.waited_s = waited_s
-
-
-@dataclass(slots=True)
-class WaitStats:
-    """Waits of one tenant's requests that went through the queue (fast-path ones are not counted)."""
-
-    count: int = 0
-    total_s: float = 0.0
-    max_s: float = 0.0
-
-    def add(self, seconds: float) -> None:
-        """One observation."""
-        self.count += 1
-        self.total_s += seconds
-        if seconds > self.max_s:
-            self.max_s = seconds
-
-
-class Ticket:
-    """A started request's slot: settle() with the actual cost, release() (or leave `async with`) when done."""
-
-    __slots__ = ("_correction", "_queue", "_released", "_settled", "over_share", "predicted_tokens", "queued",
-                 "route_class", "tenant", "waited_s")  # fmt: skip
-
-    def __init__(self, queue: AdmissionQueue, tenant: str, route_class: RouteClass, predicted_tokens: int,
-                 waited_s: float, queued: bool, over_share: bool = False) -> None:  # fmt: skip
-        self._queue = queue
-        self.tenant = tenant
-        self.route_class = route_class
-        self.predicted_tokens = predicted_tokens
-        self.waited_s = waited_s  # 0 on the fast path: what the span and x-kvgate-route report
-        self.queued = queued
-        # Started while the pool was capped and its tenant already held its weighted share of the slots: an
-        # engine scheduling by priority should run it after those of tenants under their share.
-        self.over_share = over_share
-        self._settled = False
-        self._correction = 0
-        self._released = False
-
-    @property
-    def pool(self) -> str:
-        """The pool whose slot this is."""
-        return self._queue.pool
-
-    @property
-    def charged_tokens(self) -> int:
-        """What the tenant's fair share is charged: the prediction, or the actual cost once settled."""
-        return self.predicted_tokens + self._correction
-
-    def settle(self, actual_tokens: int) -> None:
-        """Correct the tenant's charge with what the request really cost (uncached prompt + output); once."""
-        if self._settled:
-            return
-        self._settled = True
-        self._correction = actual_tokens - self.predicted_tokens
-        self._queue._correct(self.tenant, self._correction)
-
-    def release(self, actual_tokens: int | None = None) -> None:
-        """Free the slot (idempotent), settling first when the actual cost is given; the next waiter may start."""
-        if actual_tokens is not None:
-            self.settle(actual_tokens)
-        if self._released:
-            return
-        self._released = True
-        self._queue._release(self)
+CallLater = Callable[[float, Callable[[], None]], object]  # (delay s, callback) -> handle
 
 
 class _Waiter:
@@ -154,18 +75,24 @@ class AdmissionQueue:
     """The admission queue of one pool (one per pool, owned by the gateway; no globals)."""
 
     def __init__(self, cfg: AdmissionConfig, *, pool: str = "", clock: Callable[[], float] = time.monotonic,
-                 on_wait: Callable[[str, RouteClass, float], None] | None = None) -> None:  # fmt: skip
+                 on_wait: Callable[[str, RouteClass, float], None] | None = None,
+                 call_later: CallLater | None = None) -> None:  # fmt: skip
         self.cfg = cfg
         self.pool = pool
         self._clock = clock
         self._on_wait = on_wait
+        self._call_later = call_later or _loop_call_later
         self._sched: VirtualTokenCounter[_Waiter] = VirtualTokenCounter(cfg.tenant_weights, cfg.default_weight)
-        self._releases: deque[float] = deque(maxlen=RATE_WINDOW)
+        self._releases = EventRate()
+        self._under_arrivals = EventRate()  # requests of tenants under their share that arrived while capped
+        self._paced_until = 0.0  # no over-share start before this (clock time)
+        self._pace_timer: object | None = None
         # --- metrics and state, read-only for others ---
         self.in_flight = 0  # tickets granted and not released
         self.in_flight_tokens = 0  # their predicted tokens
         self.limit: int | None = None  # cap on in_flight while engaged; None = no cap
         self.capacity: int | None = None  # requests the pool's engines run at once, learned from scrapes
+        self.reserve = 0  # slots of `limit` only tenants under their share may take (demand-sized per scrape)
         self.tenant_in_flight: dict[str, int] = {}  # tenants with tickets out
         self.saturation = Saturation(False, None, 0, 0, 0)
         self.waits: dict[str, WaitStats] = {}
@@ -190,6 +117,8 @@ class AdmissionQueue:
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
         if not self.cfg.enabled:
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
+        if self.limit is not None and self._under_share(tenant, self.limit):
+            self._under_arrivals.add(self._clock())  # only while capped: the fast path pays nothing
         if len(self._sched) == 0 and self._room(tenant, predicted_tokens):
             self._sched.serve_direct(tenant, predicted_tokens)
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
@@ -217,6 +146,7 @@ class AdmissionQueue:
         if self.cfg.enabled:
             self.capacity = learn_capacity(self.capacity, sat)
             self.limit = next_limit(self.limit, self.in_flight, len(self._sched), sat, self.cfg, self.capacity)
+            self.reserve = self._demand_reserve(sat.replicas)
             self._pump()
             self._sched.forget_idle()
         return sat
@@ -244,7 +174,7 @@ class AdmissionQueue:
 
     def retry_after_s(self, tenant: str, route_class: RouteClass) -> float:
         """When a new request of `tenant` might start: its place in the fair order over the recent release rate."""
-        rate = self._release_rate()
+        rate = self._releases.per_s(self._clock())
         if rate is None:
             return self.cfg.deadline_s.for_class(route_class)
         sched = self._sched
@@ -254,12 +184,19 @@ class AdmissionQueue:
         return max(ahead / rate, MIN_RETRY_AFTER_S)
 
     # ---------------------------------------------------------------------------------------------- inside
+    def _demand_reserve(self, replicas: int) -> int:
+        cfg, now, n = self.cfg, self._clock(), max(1, replicas)
+        return demand_reserve(self._under_arrivals.per_s(now), self._releases.per_s(now), cfg.reserve_miss,
+                              cfg.reserve_per_replica * n, cfg.reserve_max_per_replica * n)  # fmt: skip
+
     def _room(self, tenant: str, tokens: int) -> bool:
         limit = self.limit
         if limit is not None:
-            reserve = self.cfg.reserve_per_replica * max(1, self.saturation.replicas)
-            if reserve and not self._under_share(tenant, limit):
-                limit = max(limit - reserve, 1)  # the reserved slots are for tenants under their share
+            if not self._under_share(tenant, limit):
+                if self._paced_until > self._clock():
+                    return False  # over its share and the last such start was too recent: no burst
+                if self.reserve:
+                    limit = max(limit - self.reserve, 1)  # the reserved slots are for tenants under their share
             if self.in_flight >= limit:
                 return False
         cap = self.cfg.max_in_flight_tokens
@@ -278,6 +215,9 @@ class AdmissionQueue:
     def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool) -> Ticket:
         # Only while capped (saturated): the fast path below saturation pays nothing for it.
         over = self.limit is not None and not self._under_share(tenant, self.limit)
+        if over and self.cfg.pace_over_share:
+            now = self._clock()
+            self._paced_until = now + pace_gap_s(self._releases.per_s(now), self.cfg.pace_over_share)
         self.in_flight += 1
         self.in_flight_tokens += tokens
         self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
@@ -292,7 +232,7 @@ class AdmissionQueue:
             self.tenant_in_flight[ticket.tenant] = left
         else:
             del self.tenant_in_flight[ticket.tenant]
-        self._releases.append(self._clock())
+        self._releases.add(self._clock())
         if len(self._sched):
             self._pump()
 
@@ -333,9 +273,10 @@ class AdmissionQueue:
             head = sched.peek()
             assert head is not None
             if not self._room(head.tenant, head.item.tokens):
-                # The head may only be held by the reserve: then a tenant under its share may use it.
+                # The head may only be held by the reserve or the pacing: a tenant under its share may go.
                 head = self._reserve_taker()
                 if head is None:
+                    self._arm_pace_timer()
                     return
             sched.pop(head.tenant)
             w = head.item
@@ -350,9 +291,21 @@ class AdmissionQueue:
                 self._on_wait(w.tenant, w.route_class, waited)
             w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, queued=True))
 
+    def _arm_pace_timer(self) -> None:
+        """Pump again when the pacing lets the next over-share request start (one timer at a time)."""
+        delay = self._paced_until - self._clock()
+        if delay <= 0 or self._pace_timer is not None or self.limit is None or self.in_flight >= self.limit:
+            return
+        self._pace_timer = self._call_later(delay, self._on_pace_timer)
+
+    def _on_pace_timer(self) -> None:
+        self._pace_timer = None
+        if len(self._sched):
+            self._pump()
+
     def _reserve_taker(self) -> Entry[_Waiter] | None:
-        """The first waiting entry, in fair order, whose tenant may use the reserved slots now."""
-        if not self.cfg.reserve_per_replica or self.limit is None or self.in_flight >= self.limit:
+        """The first waiting entry, in fair order, whose tenant may use the reserved or paced slots now."""
+        if self.limit is None or self.in_flight >= self.limit:
             return None
         for t in self._sched.order():
             entry = self._sched.head_of(t)
@@ -385,9 +338,10 @@ class AdmissionQueue:
         if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
             w.future.result().release()  # granted while the cancellation was on its way: hand the slot back
 
-    def _release_rate(self) -> float | None:
-        r = self._releases
-        if len(r) < 8:
-            return None
-        span = r[-1] - r[0]
-        return (len(r) - 1) / span if span > 0 else None
+
+def _loop_call_later(delay: float, callback: Callable[[], None]) -> object:
+    """The running loop's call_later; without a loop (nothing can be waiting) there is nothing to wake."""
+    try:
+        return asyncio.get_running_loop().call_later(delay, callback)
+    except RuntimeError:
+        return None

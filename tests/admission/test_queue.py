@@ -285,3 +285,86 @@ async def test_random_arrivals_cancellations_and_deadlines_leak_nothing() -> Non
         await asyncio.sleep(0)
     await asyncio.gather(*tasks, return_exceptions=True)
     assert q.in_flight == 0 and q.in_flight_tokens == 0 and q.queue_len == 0
+
+
+class FakeTimers:
+    """call_later that only records: the test fires the callbacks when it has moved the fake clock."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[float, object]] = []
+
+    def __call__(self, delay: float, callback: object) -> object:
+        self.pending.append((delay, callback))
+        return callback
+
+    def fire(self) -> None:
+        """Run the callbacks due (all of them: the clock was moved past them)."""
+        due, self.pending = self.pending, []
+        for _, cb in due:
+            cb()  # type: ignore[operator]
+
+
+async def capped_flood(cfg: AdmissionConfig, clock: FakeClock,
+                       timers: FakeTimers) -> tuple[AdmissionQueue, list[Ticket]]:  # fmt: skip
+    """A pool capped at 36 with the heavy tenant holding 30 slots, having released 10 slots/s for the last second."""
+    q = AdmissionQueue(cfg, clock=clock, call_later=timers)
+    held = [q.try_admit("heavy", "bulk", 1) for _ in range(40)]
+    q.on_state_change([FakeReplica(waiting=4, running=36)])
+    assert q.limit == 36
+    for t in held[:10]:
+        clock.advance(0.1)
+        t.release()  # type: ignore[union-attr]
+    return q, [t for t in held[10:] if t is not None]
+
+
+async def test_over_share_starts_are_paced_at_twice_the_release_rate() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    q, _ = await capped_flood(AdmissionConfig(enabled=True, pace_over_share=2.0, reserve_max_per_replica=0), clock,
+                              timers)  # fmt: skip
+    # A cohort of four arrives at once with six slots free: one starts, the next 1 / (2 x 10/s) = 50 ms later.
+    tasks = [asyncio.create_task(q.acquire("heavy", "bulk", 1)) for _ in range(4)]
+    await settle_loop()
+    assert [t.done() for t in tasks] == [True, False, False, False]
+    assert [round(d, 3) for d, _ in timers.pending] == [0.05]  # one timer, not one per waiter
+    clock.advance(0.05)
+    timers.fire()
+    await settle_loop()
+    assert [t.done() for t in tasks] == [True, True, False, False] and len(timers.pending) == 1
+    for t in tasks:
+        t.cancel()
+
+
+async def test_a_tenant_under_its_share_is_not_paced() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    q, _ = await capped_flood(AdmissionConfig(enabled=True, pace_over_share=2.0, reserve_max_per_replica=0), clock,
+                              timers)  # fmt: skip
+    assert q.try_admit("heavy", "bulk", 1) is not None
+    assert q.try_admit("heavy", "bulk", 1) is None  # paced
+    light = [q.try_admit("light", "bulk", 1) for _ in range(3)]
+    assert all(t is not None and not t.over_share for t in light)
+
+
+async def test_pacing_off_starts_a_cohort_at_once() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    q, _ = await capped_flood(AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0), clock,
+                              timers)  # fmt: skip
+    assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(6))
+    assert timers.pending == []
+
+
+async def test_the_reserve_follows_the_arrivals_of_tenants_under_their_share() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=4)
+    q, held = await capped_flood(cfg, clock, timers)
+    assert q.reserve == 0  # only the flood so far: it may fill the cap
+    for t in held[:8]:  # a light tenant arrives as fast as slots free up
+        clock.advance(0.1)
+        t.release()
+        assert q.try_admit("light", "bulk", 1) is not None
+    q.on_state_change([FakeReplica(running=36, kv_usage=0.99)])  # full, nothing queued: the cap stays
+    assert q.limit == 30 and q.reserve == 4  # rho ~ 1: the ceiling
+    for t in held[8:12]:
+        t.release()
+    # Four slots free below the cap: the flood may not take them, the light tenant may.
+    assert q.try_admit("heavy", "bulk", 1) is None
+    assert q.try_admit("light", "bulk", 1) is not None
