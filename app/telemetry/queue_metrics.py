@@ -55,6 +55,10 @@ def register_queue_metrics(meter: Meter, queues: Mapping[str, AdmissionQueue]) -
         "The pool's in-flight cap while saturated (absent: no cap, the fast path)",
     )  # fmt: skip
     meter.create_observable_gauge(
+        "gateway.queue.reserve", [per_pool(lambda q: q.reserve if q.limit is not None else None)], "{request}",
+        "Slots of the cap kept for tenants under their fair share (sized from their arrivals; absent: no cap)",
+    )  # fmt: skip
+    meter.create_observable_gauge(
         "gateway.queue.saturated", [per_pool(lambda q: 1.0 if q.saturation.saturated else 0.0)], "1",
         "1 while the pool counts as saturated (the queue engages)",
     )  # fmt: skip
