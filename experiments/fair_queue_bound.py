@@ -159,15 +159,18 @@ def main() -> None:
     print(f"h100-8b step model, --max-num-seqs {args.max_num_seqs}, --max-num-batched-tokens "
           f"{args.max_num_batched_tokens}; prompts {args.prompt_tokens} uncached, {args.output_tokens} output; light "
           f"{args.light_rate:g} req/s Poisson; {args.duration:g} s modeled per arm, seed {args.seed}")  # fmt: skip
-    print(f"{'arm':22s} {'light n':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'p99/alone':>9s} {'tokens/s':>9s}")
-    base = None
+    print(f"{'arm':30s} {'light n':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'p99/alone':>9s} {'tokens/s':>9s} "
+          f"{'vs no_queue':>11s}")  # fmt: skip
+    base = base_tps = None
     for name, (lt, hv, policy) in arms.items():
         m = Model(args, H100_8B)
         ttft = [t * 1000 for t in m.run(lt, hv, policy)]
         p50, p99 = percentile(ttft, 50), percentile(ttft, 99)
         base = base if base is not None else p99
-        tps = (m.generated + 0.0) / args.duration * (1 + args.prompt_tokens / args.output_tokens)
-        print(f"{name:22s} {len(ttft):7d} {p50:8.1f} {p99:8.1f} {p99 / base:8.2f}x {tps:9.0f}")
+        tps = m.generated / args.duration * (1 + args.prompt_tokens / args.output_tokens)
+        base_tps = tps if name == "no_queue" else base_tps
+        vs = f"{tps / base_tps:.2f}x" if base_tps else "-"
+        print(f"{name:30s} {len(ttft):7d} {p50:8.1f} {p99:8.1f} {p99 / base:8.2f}x {tps:9.0f} {vs:>11s}")
 
 
 if __name__ == "__main__":
