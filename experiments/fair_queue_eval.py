@@ -90,6 +90,7 @@ class ScrapedReplica:
     kv_usage: float = 0.0
     in_flight: int = 0
     in_flight_at_scrape: int = 0
+    capacity: int = 0  # not declared: the queue learns it
 
     def queued(self) -> int:
         """The scraped queue moved by our sends since the scrape, when it was queueing."""

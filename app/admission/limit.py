@@ -14,7 +14,10 @@ from app.admission.saturation import Saturation
 
 
 def learn_capacity(capacity: int | None, sat: Saturation) -> int | None:
-    """Requests the pool runs at once: the most seen running, known once every replica was seen full."""
+    """Requests the pool runs at once: the replicas' declared slots, else the most seen running, known once every
+    replica was seen full."""
+    if sat.slots:
+        return sat.slots
     # The maximum, not the last full scrape: an engine also queues while its prefill token budget is spent,
     # with fewer sequences running than it can hold (measured: taking the last value cost 25-33% of tokens/s).
     if capacity is None:

@@ -117,6 +117,10 @@ class AdmissionQueue:
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
         if not self.cfg.enabled:
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
+        if self.limit is None and self.capacity is not None and self.in_flight >= self.capacity:
+            # The engines hold no more: another request would wait in their first-come first-served queue
+            # until the next scrape engaged the cap; engage it now (the scrape then re-sizes it).
+            self.limit = self.capacity
         if self.limit is not None and self._under_share(tenant, self.limit):
             self._under_arrivals.add(self._clock())  # only while capped: the fast path pays nothing
         if len(self._sched) == 0 and self._room(tenant, predicted_tokens):

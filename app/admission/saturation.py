@@ -39,6 +39,11 @@ class ReplicaLoad(Protocol):
         """The gateway's requests on the replica now."""
         ...
 
+    @property
+    def capacity(self) -> int:
+        """Sequences the engine runs at once (the pool's max_num_seqs), 0 when unknown."""
+        ...
+
     def queued(self) -> int:
         """Requests waiting in the engine now: the scraped queue moved by the gateway's sends since."""
         ...
@@ -58,6 +63,7 @@ class Saturation:
     running: int = 0  # requests running in the engines, summed
     # Every replica was full (queueing or KV at the threshold): `running` is then the pool's capacity.
     full: bool = False
+    slots: int = 0  # the replicas' configured sequence slots, summed; 0 unless every replica declares them
 
     @property
     def replicas_saturated(self) -> bool:
@@ -76,13 +82,16 @@ def replica_saturation(replica: ReplicaLoad, cfg: AdmissionConfig) -> Saturation
 
 def assess(replicas: Iterable[ReplicaLoad], cfg: AdmissionConfig, in_flight_tokens: int = 0) -> Saturation:
     """The pool's verdict over its replicas in rotation; none in rotation is not saturated (queueing won't help)."""
-    n = saturated = excess = queued = running = full = 0
+    n = saturated = excess = queued = running = full = slots = 0
+    declared = True
     reason: SaturationReason | None = None
     for r in replicas:
         n += 1
         q = r.queued()
         queued += q
         running += r.running
+        slots += r.capacity
+        declared = declared and r.capacity > 0
         if r.waiting > 0 or r.kv_usage >= cfg.kv_usage_threshold:
             full += 1
         why = replica_saturation(r, cfg)
@@ -99,4 +108,5 @@ def assess(replicas: Iterable[ReplicaLoad], cfg: AdmissionConfig, in_flight_toke
     cap = cfg.max_in_flight_tokens
     if reason is None and cap is not None and in_flight_tokens >= cap:
         reason = "in_flight_tokens"
-    return Saturation(reason is not None, reason, n, saturated, excess, queued, running, n > 0 and full == n)
+    return Saturation(reason is not None, reason, n, saturated, excess, queued, running, n > 0 and full == n,
+                      slots if declared else 0)  # fmt: skip

@@ -14,6 +14,7 @@ class FakeReplica:
     kv_usage: float = 0.0
     in_flight: int = 0
     in_flight_at_scrape: int = 0
+    capacity: int = 0  # max_num_seqs, 0 = not declared
 
     def queued(self) -> int:
         """The scraped queue moved by in-flight changes since the scrape, when it was queueing."""

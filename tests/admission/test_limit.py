@@ -41,3 +41,8 @@ def test_room_with_waiters_raises_the_cap_a_threshold_per_replica() -> None:
 def test_a_token_cap_verdict_does_not_move_the_request_cap() -> None:
     tokens_only = Saturation(True, "in_flight_tokens", replicas=2, saturated_replicas=0, excess=0)
     assert next_limit(None, 10, 3, tokens_only, CFG) is None
+
+
+def test_declared_slots_are_the_capacity() -> None:
+    assert learn_capacity(None, Saturation(False, None, 2, 0, 0, running=3, slots=128)) == 128
+    assert learn_capacity(40, Saturation(False, None, 2, 0, 0, running=3, slots=128)) == 128

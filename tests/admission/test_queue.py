@@ -368,3 +368,19 @@ async def test_the_reserve_follows_the_arrivals_of_tenants_under_their_share() -
     # Four slots free below the cap: the flood may not take them, the light tenant may.
     assert q.try_admit("heavy", "bulk", 1) is None
     assert q.try_admit("light", "bulk", 1) is not None
+
+
+async def test_declared_slots_engage_the_cap_before_any_scrape_sees_a_queue() -> None:
+    q = AdmissionQueue(CFG)
+    q.on_state_change([FakeReplica(running=0, capacity=8)])  # idle, 8 slots declared (max_num_seqs)
+    assert q.limit is None and q.capacity == 8
+    assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(8))
+    assert q.try_admit("heavy", "bulk", 1) is None  # the 9th would queue in the engine: it waits here
+    assert q.limit == 8
+
+
+async def test_without_declared_slots_the_fast_path_sends_until_a_scrape_says_saturated() -> None:
+    q = AdmissionQueue(CFG)
+    q.on_state_change([FakeReplica(running=0)])
+    assert q.capacity is None
+    assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(20))
