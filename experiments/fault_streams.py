@@ -52,8 +52,8 @@ class StreamOutcome:
                 and seq_ok)  # fmt: skip
 
 
-def request_body(api: str, model: str, i: int, max_tokens: int) -> dict[str, Any]:
-    """A long free-form story request, different per stream."""
+def request_body(api: str, model: str, i: int, max_tokens: int, greedy: bool = False) -> dict[str, Any]:
+    """A long free-form story request, different per stream (`greedy`: temperature 0, for vLLM's text check)."""
     prompt = (f"Stream number {i:03d}: write a long story about replica failover, retries and circuit breakers. "
               f"Seed {i * 7919}.")  # fmt: skip
     if api == "responses":
@@ -63,6 +63,8 @@ def request_body(api: str, model: str, i: int, max_tokens: int) -> dict[str, Any
                             "seed": i, "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
     if api == "chat":
         body["stream_options"] = {"include_usage": True}
+    if greedy:
+        body["temperature"] = 0
     return body
 
 
@@ -146,11 +148,12 @@ def _event(api: str, event: bytes, out: StreamOutcome) -> bool:
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, api: str, model: str, i: int, max_tokens: int,
-                     out: StreamOutcome, first: asyncio.Event, n_started: list[int], n_total: int) -> None:
+                     out: StreamOutcome, first: asyncio.Event, n_started: list[int], n_total: int,
+                     greedy: bool = False) -> None:
     """Read one stream to its end and classify how it ended; `first` is set once all n_total have text."""
     buf = b""
     try:
-        async with session.post(url + PATHS[api], json=request_body(api, model, i, max_tokens)) as resp:
+        async with session.post(url + PATHS[api], json=request_body(api, model, i, max_tokens, greedy)) as resp:
             if resp.status != 200:
                 out.transport_error = f"HTTP {resp.status}"
                 return

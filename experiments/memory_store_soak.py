@@ -1,14 +1,25 @@
-"""Soak of the default gateway (embedded config, in-memory store): old vs new MemoryStore, side by side.
+"""Soak of the default gateway: old vs new MemoryStore side by side, or a long soak of the in-memory and Redis stores.
 
 Each arm is a real `kvgate serve` on the embedded config (config/local.yaml) with both pools pointed at
 experiments/instant_upstream.py, driven by wrk (one thread, `--concurrency` connections, non-streaming
 chat, anonymous: every request settles one spend record) until `--requests` answers or `--max-seconds`.
-The arms differ only in app/store/memory.py: "old" loads it from `--baseline` (a git revision; default
-the parent of the commit that introduced the bounded store) into the gateway process in place of the
-checkout's, "new" is the checkout. The gateway runs alone on core 0, the upstream and wrk on core 1.
+The gateway runs alone on core 0, the upstream and wrk on core 1. Every window prints answers/s (counted
+by wrk as they arrive), the gateway's CPU ms per answer (its own utime+stime, not wall time: the cores are
+shared) and its RSS.
 
-Every 5-second window prints answers/s (counted by wrk as they arrive), the gateway's CPU ms per answer
-(its own utime+stime) and its RSS; then a table of windows: old req/s, new req/s, new/old ratio.
+Old vs new (`--arms old,new`, 5-second windows): the arms differ only in app/store/memory.py: "old" loads it
+from `--baseline` (a git revision; default the parent of the commit that introduced the bounded store) into
+the gateway process in place of the checkout's, "new" is the checkout. Then a table of windows: old req/s,
+new req/s, new/old ratio.
+
+Soak (`--soak MINUTES`, arms `memory,redis`, 1-minute windows): the checkout with the in-memory store, and
+with the Redis store at `--redis-url` under a key prefix of its own (`kvgate-soak-<random>:`, deleted after
+the arm). Every request has a prompt of its own (a counter in the user turn), so anything keyed by prompt
+sees new keys at the request rate. First the calibration: `--calibrate` concurrencies, 15 s each on a fresh
+gateway (the first 5 s discarded), the one with the highest rate is the soak's (closed loop at saturation:
+the highest rate one gateway process sustains). Then per arm a table per minute: answers/s, gateway CPU
+ms/answer, RSS, each with its ratio to minute 1 (and, for Redis, redis-server's CPU ms/answer and memory);
+"flat" means every ratio within 10%.
 
 `--store-only` measures just the store, in this process: `--requests` settles (one spend record each,
 real clock) on each arm's MemoryStore, CPU µs per settle per 10k-settle batch and the id count, each arm
@@ -16,6 +27,8 @@ bounded by `--max-seconds`. It needs no free core, so it still reads true on a b
 
     .venv/bin/python experiments/memory_store_soak.py [--requests 200000] [--concurrency 64]
         [--max-seconds 180] [--baseline REV] [--arms old,new] [--store-only]
+    .venv/bin/python experiments/memory_store_soak.py --soak 10 [--arms memory,redis] [--calibrate 16,32,64,128]
+        [--redis-url redis://127.0.0.1:6379/0]
 """
 
 from __future__ import annotations
@@ -68,6 +81,7 @@ WRK_LUA = """
 wrk.method = "POST"
 wrk.body = %s
 wrk.headers["Content-Type"] = "application/json"
+%s
 local ok, bad = 0, 0
 response = function(status, headers, body)
   if status == 200 then ok = ok + 1 else bad = bad + 1 end
@@ -79,16 +93,28 @@ response = function(status, headers, body)
 end
 """
 
+# A prompt per request: "<head><counter><tail>" is the JSON body (one wrk thread, so the counter is unique).
+WRK_DISTINCT = """
+local n = 0
+local head, tail = %s, %s
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, nil, head .. n .. tail)
+end
+"""
+
 
 @dataclass
 class Window:
-    """One 5-second window of one arm."""
+    """One window of one arm (redis-server's CPU and memory too, on the Redis arm)."""
 
     seconds: float
     ok: int
     bad: int
     cpu_s: float
     rss_mb: float
+    store_cpu_s: float | None = None
+    store_mb: float | None = None
 
     @property
     def rps(self) -> float:
@@ -100,6 +126,11 @@ class Window:
         """Gateway CPU ms per answer."""
         return 1000 * self.cpu_s / self.ok if self.ok else float("nan")
 
+    @property
+    def store_cpu_ms(self) -> float:
+        """redis-server CPU ms per answer (nan without Redis)."""
+        return 1000 * self.store_cpu_s / self.ok if self.ok and self.store_cpu_s is not None else float("nan")
+
 
 @dataclass
 class Arm:
@@ -108,6 +139,7 @@ class Arm:
     name: str
     windows: list[Window] = field(default_factory=list)
     summary: str = ""
+    concurrency: int = 0
 
     @property
     def ok(self) -> int:
@@ -115,18 +147,54 @@ class Arm:
         return sum(w.ok for w in self.windows)
 
 
+@dataclass
+class Load:
+    """How one arm is driven: connections, window length, and when it stops."""
+
+    concurrency: int
+    window_s: float
+    max_seconds: float
+    requests: float = float("inf")
+    distinct: bool = False  # a prompt of its own per request
+
+
 def cpu_seconds(pid: int) -> float:
-    """utime+stime of a process, in seconds."""
+    """utime+stime of a process (all its threads), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of a process, MiB."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of a process (or another /proc status field: RssAnon is its heap), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+class RedisProbe:
+    """redis-server's pid and memory (through redis-cli), and the cleanup of one key prefix."""
+
+    def __init__(self, url: str) -> None:
+        self.cli = ["redis-cli", "-u", url]
+        self.pid = int(self.info("server")["process_id"])
+
+    def info(self, section: str) -> dict[str, str]:
+        """One INFO section as a dict."""
+        out = subprocess.run([*self.cli, "info", section], capture_output=True, text=True, check=True).stdout
+        return dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+
+    def used_mb(self) -> float:
+        """Redis's used_memory, MiB."""
+        return int(self.info("memory")["used_memory"]) / 2**20
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix` (SCAN, then DEL in batches); how many there were."""
+        scan = subprocess.run([*self.cli, "--scan", "--pattern", prefix + "*"], capture_output=True, text=True,
+                              check=True).stdout.split()
+        for i in range(0, len(scan), 1000):
+            subprocess.run([*self.cli, "del", *scan[i:i + 1000]], capture_output=True, check=True)
+        return len(scan)
 
 
 def git(*args: str) -> str:
@@ -150,7 +218,20 @@ def embedded_config(upstream: str) -> dict[str, object]:
     return cfg
 
 
-def run_arm(name: str, memory_file: Path | None, cfg_path: Path, args: argparse.Namespace, tmp: Path) -> Arm:
+def wrk_script(model: str, distinct: bool) -> str:
+    """The wrk Lua script: one fixed body, or a prompt per request (a shared system turn, a numbered user turn)."""
+    if not distinct:
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16})
+        return WRK_LUA % (json.dumps(body), "", BATCH)
+    msgs = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+            {"role": "user", "content": "question #\0: hello there"}]
+    body = json.dumps({"model": model, "messages": msgs, "max_tokens": 16})
+    head, tail = body.split("\\u0000")
+    return WRK_LUA % (json.dumps(body), WRK_DISTINCT % (json.dumps(head), json.dumps(tail)), BATCH)
+
+
+def run_arm(name: str, memory_file: Path | None, cfg_path: Path, load: Load, tmp: Path,
+            redis: RedisProbe | None = None) -> Arm:
     """Start a gateway, load it with wrk in windows until the request or time bound, stop it."""
     port = free_port()
     boot = ["-c", BOOT, str(memory_file)] if memory_file else ["-c", "import sys; from app.cli import main; "
@@ -158,15 +239,13 @@ def run_arm(name: str, memory_file: Path | None, cfg_path: Path, args: argparse.
     gw = Proc(f"gateway-{name}", f"http://127.0.0.1:{port}",
               ["taskset", "-c", GATEWAY_CORE, PY, *boot, "serve", "--config", str(cfg_path), "--port", str(port),
                "--log-level", "warning"], log=tmp / f"gateway-{name}.log").start()
-    model = yaml.safe_load(cfg_path.read_text())["models"][0]["name"]
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16})
-    script = tmp / "soak.lua"
-    script.write_text(WRK_LUA % (json.dumps(body), BATCH))
-    arm = Arm(name)
+    script = tmp / f"soak-{name}.lua"
+    script.write_text(wrk_script(yaml.safe_load(cfg_path.read_text())["models"][0]["name"], load.distinct))
+    arm = Arm(name, concurrency=load.concurrency)
     events: list[tuple[float, int, int]] = []
     tail: list[str] = []
     wrk = subprocess.Popen(
-        ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{args.concurrency}", f"-d{int(args.max_seconds) + 10}s",
+        ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{load.concurrency}", f"-d{int(load.max_seconds) + 10}s",
          "--timeout", "60s", "-s", str(script), gw.url + "/v1/chat/completions"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
 
@@ -179,30 +258,37 @@ def run_arm(name: str, memory_file: Path | None, cfg_path: Path, args: argparse.
             else:
                 tail.append(line.rstrip())
 
+    def store_cpu() -> float | None:
+        return cpu_seconds(redis.pid) if redis else None
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         t0 = time.monotonic()
-        start, cpu0, seen, total = t0, cpu_seconds(gw.pid), 0, 0
+        start, cpu0, store0, seen, total = t0, cpu_seconds(gw.pid), store_cpu(), 0, 0
         done = False
         while not done:
-            end = start + WINDOW_S
+            end = start + load.window_s
             while time.monotonic() < end:
                 time.sleep(0.05)
                 answered = total + sum(e[1] for e in events[seen:])
-                if answered >= args.requests or time.monotonic() - t0 >= args.max_seconds or wrk.poll() is not None:
+                if answered >= load.requests or time.monotonic() - t0 >= load.max_seconds or wrk.poll() is not None:
                     done = True
                     break
-            now, cpu = time.monotonic(), cpu_seconds(gw.pid)
+            now, cpu, store = time.monotonic(), cpu_seconds(gw.pid), store_cpu()
             batch = events[seen:]
             seen += len(batch)
             ok, bad = sum(e[1] for e in batch), sum(e[2] for e in batch)
             total += ok
-            w = Window(now - start, ok, bad, cpu - cpu0, rss_mb(gw.pid))
+            w = Window(now - start, ok, bad, cpu - cpu0, rss_mb(gw.pid),
+                       None if store is None or store0 is None else store - store0,
+                       redis.used_mb() if redis else None)
             arm.windows.append(w)
-            print(f"  {name:>4} {now - t0:5.1f}s  {w.rps:8.0f} req/s  {w.cpu_ms:7.2f} CPU ms/req"
-                  f"  RSS {w.rss_mb:6.1f} MiB  total {total}", flush=True)
-            start, cpu0 = now, cpu
+            extra = f"  redis {w.store_cpu_ms:5.3f} CPU ms/req {w.store_mb:6.1f} MiB" if redis else ""
+            print(f"  {name:>6} {now - t0:6.1f}s  {w.rps:8.0f} req/s  {w.cpu_ms:7.3f} CPU ms/req"
+                  f"  RSS {w.rss_mb:6.1f} MiB (anon {rss_mb(gw.pid, 'RssAnon'):6.1f})  total {total}"
+                  f"  non-200 {bad}{extra}", flush=True)
+            start, cpu0, store0 = now, cpu, store
     finally:
         if wrk.poll() is None:
             wrk.send_signal(signal.SIGINT)
@@ -310,6 +396,86 @@ def load_module(path: Path) -> ModuleType:
     return mod
 
 
+def calibrate(cfg_path: Path, levels: list[int], tmp: Path) -> int:
+    """The concurrency (of `levels`) at which a fresh gateway answers the most per second (after 5 s warm-up)."""
+    rates: dict[int, float] = {}
+    for c in levels:
+        arm = run_arm(f"c{c}", None, cfg_path, Load(c, WINDOW_S, 3 * WINDOW_S, distinct=True), tmp)
+        warm = arm.windows[1:] or arm.windows
+        rates[c] = sum(w.ok for w in warm) / sum(w.seconds for w in warm)
+    best = max(rates, key=lambda c: rates[c])
+    print("\n| concurrency | req/s (5-15 s) |\n|---:|---:|")
+    for c, r in rates.items():
+        print(f"| {c}{' (soak)' if c == best else ''} | {r:.0f} |")
+    return best
+
+
+def flat(values: list[float], tolerance: float = 0.10) -> tuple[float, bool]:
+    """The largest |v / v[0] - 1| over `values`, and whether it is within `tolerance`."""
+    worst = max((abs(v / values[0] - 1) for v in values[1:]), default=0.0) if values and values[0] else float("nan")
+    return worst, worst <= tolerance
+
+
+def soak_report(arm: Arm, window_s: float) -> None:
+    """One arm's table per window with each value's ratio to the first window, then the flatness verdict."""
+    full = [w for w in arm.windows if w.seconds >= 0.9 * window_s]
+    redis = any(w.store_cpu_s is not None for w in full)
+    head = "| window s | req/s | x w1 | gateway CPU ms/req | x w1 | RSS MiB | x w1 | non-200 |"
+    rule = "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    if redis:
+        head += " redis CPU ms/req | x w1 | redis MiB |"
+        rule += "---:|---:|---:|"
+    print(f"\n{arm.name} (c={arm.concurrency}, {window_s:.0f} s windows)\n{head}\n{rule}")
+    m1 = full[0]
+    for i, w in enumerate(full):
+        row = (f"| {i * window_s:.0f}-{(i + 1) * window_s:.0f} | {w.rps:.0f} | {w.rps / m1.rps:.2f} "
+               f"| {w.cpu_ms:.3f} | {w.cpu_ms / m1.cpu_ms:.2f} "
+               f"| {w.rss_mb:.0f} | {w.rss_mb / m1.rss_mb:.2f} | {w.bad} |")
+        if redis:
+            row += f" {w.store_cpu_ms:.3f} | {w.store_cpu_ms / m1.store_cpu_ms:.2f} | {w.store_mb:.0f} |"
+        print(row)
+    verdicts = []
+    series = {"req/s": [w.rps for w in full], "CPU/req": [w.cpu_ms for w in full], "RSS": [w.rss_mb for w in full]}
+    if redis:
+        series["redis CPU/req"] = [w.store_cpu_ms for w in full]
+    for label, values in series.items():
+        worst, ok = flat(values)
+        verdicts.append(f"{label} {'flat' if ok else 'NOT flat'} (worst {worst:.1%} from window 1)")
+    total_s = sum(w.seconds for w in full)
+    print(f"{arm.name}: {sum(w.ok for w in full)} answers in {total_s:.0f} s, "
+          f"{sum(w.bad for w in full)} non-200; " + "; ".join(verdicts) + f"; wrk: {arm.summary}")
+
+
+def soak(args: argparse.Namespace, cfg: dict[str, object], tmp: Path) -> None:
+    """Calibrate the concurrency, then run each store's arm for `--soak` minutes and print its table."""
+    cfg_path = tmp / "gateway.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    levels = [int(c) for c in args.calibrate.split(",")] if args.calibrate else [args.concurrency]
+    print(f"soak: checkout {git('rev-parse', '--short', 'HEAD').strip()}, arms {args.arms}, "
+          f"{args.soak:g} min each; {os.uname().nodename}; uptime: {os.getloadavg()}", flush=True)
+    c = calibrate(cfg_path, levels, tmp) if len(levels) > 1 else levels[0]
+    load = Load(c, args.window, args.soak * 60, distinct=True)
+    results = []
+    for name in args.arms.split(","):
+        if name == "memory":
+            results.append(run_arm(name, None, cfg_path, load, tmp))
+            continue
+        if name != "redis":
+            raise SystemExit(f"--soak runs the arms memory and redis, not {name!r}")
+        probe = RedisProbe(args.redis_url)
+        prefix = f"kvgate-soak-{uuid.uuid4().hex[:8]}:"
+        rcfg = dict(cfg, store={"url": args.redis_url, "key_prefix": prefix})
+        rpath = tmp / "gateway-redis.yaml"
+        rpath.write_text(yaml.safe_dump(rcfg))
+        try:
+            results.append(run_arm(name, None, rpath, load, tmp, probe))
+        finally:
+            print(f"  deleted {probe.delete_prefix(prefix)} keys under {prefix}", flush=True)
+    for arm in results:
+        soak_report(arm, args.window)
+    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+
+
 def main() -> None:
     """Run the arms once each and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -319,7 +485,15 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="git revision of the old app/store/memory.py")
     ap.add_argument("--arms", default="old,new")
     ap.add_argument("--store-only", action="store_true", help="time the store alone, in this process")
+    ap.add_argument("--soak", type=float, default=None, metavar="MINUTES",
+                    help="soak each store's arm this long (arms memory,redis unless --arms says otherwise)")
+    ap.add_argument("--window", type=float, default=60.0, help="--soak: window length, s")
+    ap.add_argument("--calibrate", default="16,32,64,128",
+                    help="--soak: concurrencies tried first, the fastest is used ('' to use --concurrency)")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="--soak: the Redis arm's server")
     args = ap.parse_args()
+    if args.soak is not None and args.arms == "old,new":
+        args.arms = "memory,redis"
     arms = args.arms.split(",")
     baseline = args.baseline or default_baseline()
     with tempfile.TemporaryDirectory(prefix="kvgate-soak-") as d:
@@ -338,15 +512,22 @@ def main() -> None:
         upstream = Proc("upstream", f"http://127.0.0.1:{up_port}",
                         ["taskset", "-c", LOAD_CORE, PY, str(ROOT / "experiments" / "instant_upstream.py"),
                          str(up_port)]).start(any_status=True)
+        if args.soak is not None:
+            try:
+                soak(args, embedded_config(upstream.url), tmp)
+            finally:
+                upstream.stop()
+            return
         cfg_path = tmp / "gateway.yaml"
         cfg_path.write_text(yaml.safe_dump(embedded_config(upstream.url)))
+        load = Load(args.concurrency, WINDOW_S, args.max_seconds, args.requests)
         print(f"baseline {baseline} ({git('rev-parse', '--short', baseline).strip()}) vs checkout "
               f"{git('rev-parse', '--short', 'HEAD').strip()}; {args.requests} requests or {args.max_seconds:.0f} s "
               f"per arm at c={args.concurrency}", flush=True)
         results: dict[str, Arm] = {}
         try:
             for name in arms:
-                results[name] = run_arm(name, old_file if name == "old" else None, cfg_path, args, tmp)
+                results[name] = run_arm(name, old_file if name == "old" else None, cfg_path, load, tmp)
         finally:
             upstream.stop()
         report(results.get("old"), results.get("new"))

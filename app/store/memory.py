@@ -33,11 +33,13 @@ from app.store.base import (
 from app.store.facts import Facts
 
 US = 1_000_000
-# Redis remembers a spend id for SPEND_DEDUPE_S at any rate; here that would be ~160 B per request
-# per 5 minutes of traffic. The cap keeps the full window up to 1,000 req/s sustained (~50 MB at
-# most); above that the oldest ids go first, so the window shrinks to cap / rate (70 s at 4,300
-# req/s). Nothing in-process replays spend that late: a MemoryStore write cannot time out.
-MAX_SPEND_IDS = 300_000
+# Redis remembers a spend id for SPEND_DEDUPE_S at any rate, so that a write which timed out after Redis
+# applied it counts once when the ledger replays it. A MemoryStore write cannot time out and nothing replays
+# it, so here the window only has to catch a record settled twice in quick succession. At ~180 B an id, the
+# cap holds ~12 MiB: the full window up to 218 req/s, 15 s at 4,300 req/s (one process's maximum); past it
+# the oldest ids go first. A window sized for 1,000 req/s (300k ids, ~55 MiB) kept the process growing for
+# minutes at full rate, +29% over the first minute's RSS by the fourth (docs/reliability.md, "Soak").
+MAX_SPEND_IDS = 65_536
 # A spend row's last-write time is refreshed at most this often: rows live SPEND_KEEP_S (400 days)
 # after it, so a minute early is nothing, and most requests skip the ordered-map update.
 _TOUCH_US = 60 * US
