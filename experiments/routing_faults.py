@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -321,6 +322,8 @@ async def run_vllm(args: argparse.Namespace) -> None:
     print_episode(ep, args)
     if splices:
         splice_check.print_check(splices, [o.error is not None for o in ep.streams])
+        (log_dir / "streams.json").write_text(json.dumps([{"text": v.text, "refs": v.refs} for v in splices]))
+        print(f"texts and references: {log_dir / 'streams.json'}")
 
 
 def main() -> None:

@@ -27,6 +27,8 @@ PROBE = 24  # characters that must match after the shift to call it one
 class Verdict:
     """One stream against its references."""
 
+    text: str
+    refs: dict[str, str]
     chars: int
     same_as: str | None  # the replica whose uninterrupted generation the stream equals, if any
     diverges_at: int  # first character that differs from the closest reference (= chars when equal)
@@ -67,10 +69,10 @@ def verdict(text: str, refs: dict[str, str]) -> Verdict:
     """Compare one stream's text with each replica's reference for the same request."""
     same = next((name for name, ref in refs.items() if ref == text), None)
     if same:
-        return Verdict(len(text), same, len(text), 0)
+        return Verdict(text, refs, len(text), same, len(text), 0)
     ref = max(refs.values(), key=lambda r: common_prefix(text, r))
     d = common_prefix(text, ref)
-    return Verdict(len(text), None, d, splice_shift(text, ref, d))
+    return Verdict(text, refs, len(text), None, d, splice_shift(text, ref, d))
 
 
 def check(texts: Sequence[str], bodies: Sequence[dict[str, Any]], replicas: dict[str, str]) -> list[Verdict]:
