@@ -64,3 +64,5 @@ class _Stream:
     replay_task: asyncio.Task[None] | None = None
     pending: deque[tuple[int, bytes]] = field(default_factory=lambda: deque(maxlen=PENDING_MAX))
     whole_cache: bool = False
+
+

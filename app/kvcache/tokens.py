@@ -10,8 +10,8 @@ across, and each piece's ids are cached (bounded LRU), so a stable system prompt
 is tokenized once; the first requests are checked against a whole-text encode and the cache turns itself off
 if a tokenizer ever disagrees. A prompt that starts with a recently hashed one up to one of its special
 tokens (the conversation's earlier turn, app.kvcache.prefixes) takes that prefix's ids and digests whole;
-the blocks after it are memoized by (parent, block tokens). `learn_reply` does a turn's work ahead of it:
-after a response was sent, it hashes the next turn's prefix (these messages plus the reply the client got).
+the blocks after it are memoized by (parent, block tokens). `next_turn_text` lets a turn's work be done ahead
+of it (app.kvcache.replies: after a response was sent, the next turn's prefix is hashed).
 
 `tokenizers` and `jinja2` are imported only when a RequestBlocks is built.
 """
@@ -108,6 +108,7 @@ class RequestBlocks:
         self._nested = any(a != b and a in b for a in specials for b in specials)
         self._verify_left = self.VERIFY_FIRST
         self.piece_cache_disabled = self._split is None
+        self.prefix_hits = 0
 
     @property
     def reuses_prefixes(self) -> bool:
@@ -255,6 +256,7 @@ class RequestBlocks:
             start, ids, digests, hashes = 0, [], [], []
         else:
             start, ids, digests, hashes = len(prefix.text), list(prefix.ids), list(prefix.digests), list(prefix.hashes)
+            self.prefix_hits += 1
         pieces = split.split(text[start:] if start else text)
         # re.split with one group ends with the text after the last special token: the prefix stops before it.
         self._extend(ids, pieces[:-1])
@@ -273,8 +275,3 @@ class RequestBlocks:
     def blocks(self, body: Mapping[str, Any], cache_salt: str | None = None) -> PromptBlocks:
         """Prompt length and block hashes for a chat body; `cache_salt` defaults to the body's own."""
         return self.blocks_for_text(self.render(body), effective_salt(body, cache_salt))
-
-    def learn_reply(self, body: Mapping[str, Any], reply: Mapping[str, Any], cache_salt: str | None = None) -> int:
-        """Tokenize and hash the next turn's prefix ahead of that turn (after this body's response was sent);
-        returns its token count."""
-        return self.blocks_for_text(self.next_turn_text(body, reply), effective_salt(body, cache_salt)).n_tokens
