@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import takewhile
 from typing import Final
 
 # A hash's value packs one 16-bit copy count per medium: GPU, CPU, then STORAGE or any tier vLLM adds later.
@@ -97,13 +98,9 @@ class KvIndex:
         blocks = self._blocks.get(replica)
         if not blocks:
             return 0
+        if medium is None:  # takewhile walks the chain at C speed
+            return len(list(takewhile(blocks.__contains__, hashes)))
         n = 0
-        if medium is None:
-            for h in hashes:
-                if h not in blocks:
-                    break
-                n += 1
-            return n
         mask = _COUNT_MAX << medium_shift(medium)
         get = blocks.get
         for h in hashes:

@@ -28,7 +28,7 @@ class Prefix:
 
 
 class PrefixCache:
-    """The longest cached prefix a rendered prompt starts with; not thread-safe (one event loop owns it)."""
+    """The cached prefix a rendered prompt starts with; not thread-safe (one event loop owns it)."""
 
     def __init__(self, capacity: int = 512, per_group: int = 8, head_chars: int = 256) -> None:
         if capacity <= 0 or per_group <= 0 or head_chars <= 0:
@@ -43,20 +43,21 @@ class PrefixCache:
         return self._size
 
     def longest(self, text: str, salt: str | None) -> Prefix | None:
-        """The longest cached prefix of `text` for this salt, or None."""
+        """The most recent (in practice the longest) cached prefix of `text` for this salt, or None."""
         if len(text) < self.head_chars:
             return None
         key = (salt, text[: self.head_chars])
         group = self._groups.get(key)
         if group is None:
             return None
-        best: Prefix | None = None
+        # Most recent first: a conversation's latest turn is the usual match. Two matches are prefixes of one
+        # another and `put` drops the one extended, so the first is the longest unless an older turn was
+        # re-sent after a newer one (then a shorter prefix is reused: fewer blocks skipped, same hashes).
         for p in group:
-            if (best is None or len(p.text) > len(best.text)) and text.startswith(p.text):
-                best = p
-        if best is not None:
-            self._groups.move_to_end(key)
-        return best
+            if text.startswith(p.text):
+                self._groups.move_to_end(key)
+                return p
+        return None
 
     def put(self, salt: str | None, prefix: Prefix) -> None:
         """Remember a prefix (too short to key: ignored); prefixes it extends are dropped."""
