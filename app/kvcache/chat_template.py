@@ -96,6 +96,15 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     """Messages as vLLM hands them to a string-content template."""
     out: list[dict[str, Any]] = []
     for m in messages:
+        role = m.get("role")
+        if (
+            isinstance(m, dict)
+            and role != "developer"
+            and not isinstance(m.get("content"), list)
+            and not (role == "assistant" and isinstance(m.get("tool_calls"), list))
+        ):
+            out.append(m)  # nothing to change, and the immutable sandbox cannot change it: no copy
+            continue
         msg = dict(m)
         if msg.get("role") == "developer":  # vLLM (like OpenAI) treats developer messages as system ones
             msg["role"] = "system"

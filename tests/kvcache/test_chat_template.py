@@ -35,3 +35,12 @@ def test_tool_call_arguments_become_objects_and_developer_becomes_system() -> No
     assert msgs[0]["role"] == "system"
     assert msgs[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
     assert "tool_calls" not in msgs[2]
+
+
+def test_messages_that_need_no_change_are_handed_over_uncopied() -> None:
+    plain = {"role": "user", "content": "x"}
+    parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    out = template_messages([plain, parts, {"role": "developer", "content": "d"}])
+    assert out[0] is plain
+    assert out[1] == {"role": "user", "content": "a\nb"} and parts["content"][0] == {"type": "text", "text": "a"}
+    assert out[2] == {"role": "system", "content": "d"}
