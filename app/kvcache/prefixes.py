@@ -1,7 +1,7 @@
 """Recently hashed prompt prefixes, so a conversation's next turn reuses its earlier turns' token ids and digests.
 
-A prefix is rendered text that ends at a special token, with its token ids and the digests of its full
-blocks. Because HF tokenizers never merge across special tokens, any prompt whose text *starts with* that
+A prefix is rendered text that ends at a special token, with the digests of its full blocks and the token
+ids after them. Because HF tokenizers never merge across special tokens, any prompt whose text *starts with* that
 text has the same ids there: one C-speed `str.startswith` replaces the split, the piece lookups and one memo
 lookup per block. Reuse therefore never changes a result, only skips work; the caller's salt is part of the
 key because it changes every digest.
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Prefix:
-    """Rendered text ending at a special token, its token ids, and its full blocks' digests and event hashes."""
+    """Rendered text ending at a special token: its full blocks' digests and event hashes, and the token ids
+    after the last full block (all a continuation needs: its blocks start there)."""
 
     text: str
-    ids: list[int]
+    tail: tuple[int, ...]
     digests: list[bytes]
     hashes: list[int]
 

@@ -9,7 +9,7 @@ Hot path: a rendered prompt is split at the tokenizer's special tokens, which HF
 across, and each piece's ids are cached (bounded LRU), so a stable system prompt, tool block or earlier turn
 is tokenized once; the first requests are checked against a whole-text encode and the cache turns itself off
 if a tokenizer ever disagrees. A prompt that starts with a recently hashed one up to one of its special
-tokens (the conversation's earlier turn, app.kvcache.prefixes) takes that prefix's ids and digests whole;
+tokens (the conversation's earlier turn, app.kvcache.prefixes) takes that prefix's block digests whole;
 the blocks after it are memoized by (parent, block tokens). `next_turn_text` lets a turn's work be done ahead
 of it (app.kvcache.replies: after a response was sent, the next turn's prefix is hashed).
 
@@ -230,20 +230,19 @@ class RequestBlocks:
     def _chain(
         self, ids: Sequence[int], digests: list[bytes], hashes: list[int], salt: str | None, memo: bool = True
     ) -> None:
-        # Extends digests/hashes (which cover ids' first blocks already) over ids' remaining full blocks.
-        bs = self.block_size
+        # Extends digests/hashes over the full blocks of `ids`, the tokens from the first block they lack.
+        bs, algo = self.block_size, self.algo
         digest_memo = self._digests
+        first = len(digests)
         parent = digests[-1] if digests else b""
-        for i in range(len(digests), len(ids) // bs):
-            block = tuple(ids[i * bs : (i + 1) * bs])
-            key = (parent, block, salt if i == 0 else None)
-            digest = digest_memo.get(key) if memo else None
+        for j in range(len(ids) // bs):
+            block = tuple(ids[j * bs : (j + 1) * bs])
+            i = first + j
+            key = (parent, block, salt if i == 0 else None) if memo else None
+            digest = digest_memo.get(key) if key is not None else None
             if digest is None:
-                if i == 0:
-                    digest = block_digests(block, bs, salt, self.algo)[0]
-                else:
-                    digest = chain_digest(parent, block, self.algo)
-                if memo:
+                digest = chain_digest(parent, block, algo) if i else block_digests(block, bs, salt, algo)[0]
+                if key is not None:
                     digest_memo.put(key, digest)
             digests.append(digest)
             hashes.append(to_event_hash(digest))
@@ -254,30 +253,37 @@ class RequestBlocks:
         its last special token becomes a prefix for the prompts that continue it."""
         split = self._split
         if split is None or not self.reuses_prefixes:
-            ids = self.encode(text)
-            return PromptBlocks(len(ids), self.hashes_for_tokens(ids, cache_salt))
+            whole = self.encode(text)
+            return PromptBlocks(len(whole), self.hashes_for_tokens(whole, cache_salt))
+        bs = self.block_size
         prefix = self._prefixes.longest(text, cache_salt)
+        # `ids` holds the tokens from the first block the digests lack: the prefix's tail, then the new text's.
         if prefix is None:
             start, ids, digests, hashes = 0, [], [], []
         else:
-            start, ids, digests, hashes = len(prefix.text), list(prefix.ids), list(prefix.digests), list(prefix.hashes)
+            start, ids, digests = len(prefix.text), list(prefix.tail), list(prefix.digests)
+            hashes = list(prefix.hashes)
             self.prefix_hits += 1
+        base = len(digests) * bs
         pieces = split.split(text[start:] if start else text)
         # re.split with one group ends with the text after the last special token: the prefix stops before it.
         self._extend(ids, pieces[:-1])
         cut, cut_ids = len(text) - len(pieces[-1]), len(ids)
         self._extend(ids, pieces[-1:])
-        if self._verify_left > 0:
-            checked = self._verified(text, ids)
-            if checked is not ids:
-                return PromptBlocks(len(checked), self.hashes_for_tokens(checked, cache_salt))
         # Past a cached prefix the blocks are new text (the memo serves prompts that found none).
         self._chain(ids, digests, hashes, cache_salt, memo=prefix is None)
-        out = PromptBlocks(len(ids), hashes)
+        if self._verify_left > 0:  # the first prompts check the result against a whole-text encode
+            self._verify_left -= 1
+            whole = self._whole(text)
+            if whole[base:] != ids or self.hashes_for_tokens(whole, cache_salt) != hashes:
+                self.piece_cache_disabled = True
+                return PromptBlocks(len(whole), self.hashes_for_tokens(whole, cache_salt))
+        out = PromptBlocks(base + len(ids), hashes)
         if cut > start:
-            full = cut_ids // self.block_size
-            del ids[cut_ids:], digests[full:]  # the prefix owns ids and digests from here on
-            self._prefixes.put(cache_salt, Prefix(text[:cut], ids, digests, hashes[:full]))
+            full = (base + cut_ids) // bs
+            del digests[full:]  # the prefix owns them from here on
+            tail = tuple(ids[full * bs - base : cut_ids])
+            self._prefixes.put(cache_salt, Prefix(text[:cut], tail, digests, hashes[:full]))
         return out
 
     def blocks(self, body: Mapping[str, Any], cache_salt: str | None = None) -> PromptBlocks:

@@ -10,7 +10,7 @@ HEAD = "S" * 8
 
 
 def prefix(text: str) -> Prefix:
-    return Prefix(text, [len(text)], [], [])
+    return Prefix(text, (len(text),), [], [])
 
 
 def test_the_longest_prefix_the_text_starts_with_wins() -> None:
