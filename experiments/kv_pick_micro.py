@@ -33,6 +33,7 @@ import gc
 import os
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,26 @@ def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter_ns()
     fn()
     return (time.perf_counter_ns() - t0) / 1000
+
+
+def main_thread_share(encode: Callable[[], Any], seconds: float = 0.3) -> float:
+    """How fast a pure-Python loop runs while a worker thread calls `encode` repeatedly, against an idle worker:
+    near 1 when `encode` releases the GIL (a long reply may then be tokenized off the event loop)."""
+
+    def spin(worker: threading.Thread) -> float:
+        n, t0 = 0, time.perf_counter()
+        worker.start()
+        while worker.is_alive():
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+    def busy() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            encode()
+
+    idle = spin(threading.Thread(target=time.sleep, args=(seconds,)))
+    return spin(threading.Thread(target=busy)) / idle
 
 
 def reply_of(prev: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
@@ -209,6 +230,11 @@ async def main_async(args: argparse.Namespace) -> None:
         xs = sorted(xs)
         med = statistics.median(xs)
         print(f"{name:<24} {med:>10.1f} {xs[int(0.9 * (len(xs) - 1))]:>10.1f} {med / base:>17.1f}x")
+    piece = "assistant\n" + reply_of(*pairs[0])["content"]
+    tok = rb._tokenizer
+    batch = main_thread_share(lambda: tok.encode_batch([piece], add_special_tokens=False))
+    single = main_thread_share(lambda: tok.encode(piece, add_special_tokens=False))
+    print(f"main-thread speed while a worker tokenizes a reply: encode_batch {batch:.0%}, encode {single:.0%}")
     tot = statistics.median(results["kv_events total"])
     print(f"goal: kv_events total median <= {GOAL_US:.0f} µs: {'met' if tot <= GOAL_US else 'MISSED'} ({tot:.1f} µs)")
 
