@@ -192,8 +192,7 @@ class Gateway:
         return self.telemetry.render_prometheus()
 
     async def finished(self, ctx: RequestContext, *, cancelled: bool = False) -> None:
-        """After the last byte was sent, or the client left: settle what is not settled yet, then learn the
-        reply of a kv_events request (its next turn's prefix is hashed now, off that turn's path)."""
+        """After the last byte was sent, or the client left: settle, then learn a kv_events request's reply."""
         await (self.settler.cancelled(ctx) if cancelled else self.settler.settle(ctx))
         if not cancelled:
             await self.replies.learn(ctx)
