@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -179,6 +180,8 @@ class RequestContext:
     upstream_called: bool = False
     # The pool's admission slot (app/admission), held from admission until settle releases it once.
     queue_ticket: Ticket | None = None
+    # Reads back the assistant message the client got, once it was sent (reply learning, app/kvcache/replies).
+    reply: Callable[[], dict[str, Any] | None] | None = None
 
     @property
     def operation(self) -> Operation:

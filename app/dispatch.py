@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 import orjson
 
@@ -20,6 +21,7 @@ from app.admission.step import fair_priority
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
 from app.errors import FailureKind, GatewayError, bad_request
+from app.kvcache.replies import assistant_message
 from app.migration import MIGRATIONS, Delivered, Migration
 from app.relay import Continued, StreamRelay
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
@@ -281,6 +283,8 @@ class Dispatcher:
                 doc = None
             if isinstance(doc, dict):
                 ctx.surface.read_reply(doc, ctx)
+                if ctx.blocks is not None:  # hashed for kv_events: its reply is learned once sent
+                    ctx.reply = partial(assistant_message, doc)
             body = ctx.surface.public_body(body, served, ctx.model)
             ctx.timing.first_token = ctx.timing.end
             return Complete(resp.status, body, resp.content_type)

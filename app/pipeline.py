@@ -24,6 +24,7 @@ from app.context import RequestContext, Tenant
 from app.dispatch import Complete, Dispatcher, StreamRelay
 from app.errors import GatewayError
 from app.headers import API_KEY, LIMIT, NORMALIZE_OPT_OUT, NORMALIZED, REQUEST_ID, ROUTE
+from app.kvcache.replies import ReplyLearner
 from app.kvcache.subscriber import EventSource, KvEventsHub
 from app.kvcache.tokens import ChatRenderError
 from app.limits import Limiter
@@ -94,6 +95,7 @@ class Gateway:
         self.kv_hub = _kv_hub(cfg)
         self.cluster = ClusterState.from_config(cfg, kv_hub=self.kv_hub)
         self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
+        self.replies = ReplyLearner(self._hashers)
         self.discoverer = Discoverer.for_config(cfg, self._rediscovered)
         # A replica that becomes healthy replays the top stable prefixes it will serve before it joins.
         self.prefixes = PrefixMemory(cfg.routing.prewarm)
@@ -190,8 +192,10 @@ class Gateway:
         return self.telemetry.render_prometheus()
 
     async def finished(self, ctx: RequestContext, *, cancelled: bool = False) -> None:
-        """After the last byte was sent, or the client left: settle what is not settled yet."""
+        """After the last byte was sent, or the client left: settle, then learn a kv_events request's reply."""
         await (self.settler.cancelled(ctx) if cancelled else self.settler.settle(ctx))
+        if not cancelled:
+            await self.replies.learn(ctx)
 
     # -- the path -------------------------------------------------------------------------------
     async def handle(self, ctx: RequestContext) -> Reply:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from app.api.surfaces.base import StreamObserver
 from app.context import RequestContext
 from app.errors import GatewayError, upstream_unreachable
 from app.migration import Delivered, Migration, Splicer
+from app.migration.chat import delivered as chat_delivered
 from app.upstream import UpstreamResponse, sse_events
 
 if TYPE_CHECKING:
@@ -54,8 +55,10 @@ class StreamRelay:
         self._migrate = migrate if max_migrations > 0 and migration is not None else None
         self._migration = migration
         self._max_migrations = max_migrations
-        # What the client was sent, kept only where a migration may need to read it back.
-        self._journal: list[bytes] | None = [] if self._migrate is not None else None
+        # What the client was sent, kept only where a migration or reply learning (ctx.blocks) reads it back.
+        self._journal: list[bytes] | None = [] if self._migrate is not None or ctx.blocks is not None else None
+        if ctx.blocks is not None:
+            ctx.reply = self.reply_message
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         """Relayed bytes; a failure midway migrates or ends with the surface's error event. Close with aclose()."""
@@ -103,6 +106,11 @@ class StreamRelay:
             if not ctx.usage.reported:
                 self._bill_delivered()
 
+    def reply_message(self) -> dict[str, Any] | None:
+        """The assistant message the client got, if the stream finished with text (not a tool call)."""
+        got = chat_delivered(self._journal or ())  # only chat bodies are hashed
+        return {"role": "assistant", "content": got.text} if got.finished and not got.tool_call else None
+
     async def _continue(self, err: GatewayError) -> Continued | None:
         ctx = self.ctx
         if self._migrate is None or self._migration is None or self._journal is None:
@@ -119,7 +127,8 @@ class StreamRelay:
         # No usage arrived (the stream was cut): charge the prompt's estimate and the output relayed. After a
         # kv_events pick the prompt count is exact and its predicted cache hit is billed at the cached price.
         ctx = self.ctx
-        journal, migration = self._journal, self._migration
+        # The journal kept only for reply learning does not count: that stream never migrated.
+        journal, migration = (self._journal, self._migration) if self._migrate is not None else (None, None)
         chunks = migration.delivered(journal).chunks if journal and migration else self.observer.delivered
         if chunks or ctx.upstream_called:
             est = ctx.call_estimate

@@ -74,3 +74,51 @@ def test_unknown_removals_are_ignored() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError):
         KvIndex(capacity_blocks=0)
+
+
+def test_a_hash_stored_twice_stays_until_both_copies_are_removed() -> None:
+    idx = KvIndex()
+    idx.store("a", [1, 2])
+    idx.store("a", [2])  # a second block cached under hash 2 (two requests prefilled it at once)
+    idx.remove("a", [2])
+    assert idx.overlap("a", [1, 2]) == 2
+    idx.remove("a", [2])
+    assert idx.overlap("a", [1, 2]) == 1
+    idx.remove("a", [2])  # more removals than copies: ignored, never negative
+    idx.store("a", [2])
+    assert idx.overlap("a", [1, 2]) == 2
+
+
+def test_copies_are_counted_per_medium() -> None:
+    idx = KvIndex()
+    idx.store("a", [1], medium="GPU")
+    idx.store("a", [1], medium="GPU")
+    idx.store("a", [1], medium="CPU")
+    idx.remove("a", [1], medium="CPU")
+    idx.remove("a", [1], medium="CPU")  # no CPU copy left: does not touch the GPU copies
+    assert idx.overlap("a", [1], medium="CPU") == 0
+    idx.remove("a", [1], medium="GPU")
+    assert idx.overlap("a", [1], medium="GPU") == 1
+    idx.remove("a", [1], medium="GPU")
+    assert idx.size("a") == 0
+
+
+def test_clear_drops_the_copy_counts() -> None:
+    idx = KvIndex()
+    idx.store("a", [1])
+    idx.store("a", [1])
+    idx.clear("a")  # AllBlocksCleared or a restart
+    idx.store("a", [1])
+    idx.remove("a", [1])
+    assert idx.overlap("a", [1]) == 0
+
+
+def test_a_saturated_count_stays_bounded() -> None:
+    idx = KvIndex()
+    for _ in range(70_000):
+        idx.store("a", [1])
+    for _ in range(65_534):
+        idx.remove("a", [1])
+    assert idx.overlap("a", [1]) == 1  # 65,535 counted copies, 65,534 removed
+    idx.remove("a", [1])
+    assert idx.size("a") == 0

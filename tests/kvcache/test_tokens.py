@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from app.bench.workloads import Workload, WorkloadOptions
 from app.kvcache.hashing import block_hashes
-from app.kvcache.tokens import ChatRenderError, RequestBlocks, template_messages
+from app.kvcache.tokens import ChatRenderError, RequestBlocks
 
 SMOLLM2 = Path.home() / ".cache/kvgate/models/smollm2-135m"
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "vllm_chat_tokens.json").read_text())
@@ -65,17 +67,59 @@ def test_empty_messages_are_refused(blocks: RequestBlocks) -> None:
         blocks.token_ids({"messages": []})
 
 
-def test_tool_call_arguments_become_objects_and_developer_becomes_system() -> None:
-    msgs = template_messages(
-        [
-            {"role": "developer", "content": "d"},
-            {
-                "role": "assistant",
-                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
-            },
-            {"role": "assistant", "content": "x", "tool_calls": []},
-        ]
-    )
-    assert msgs[0]["role"] == "system"
-    assert msgs[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
-    assert "tool_calls" not in msgs[2]
+def agent_turns(sessions: int) -> list[list[dict[str, Any]]]:
+    """The bench's agent-static conversations, one list of bodies per session (each turn extends the last)."""
+    wl = Workload("agent-static", WorkloadOptions(seed=1, tenants=1))
+    out = []
+    for s in range(sessions):
+        session, turns = wl.session(s), []
+        while not session.done:
+            turns.append(session.next_request("m", True).body)
+            session.record_reply(f"Done step {len(turns)}: checked the build and the cache.")
+        out.append(turns)
+    return out
+
+
+def cold_hashes(body: dict[str, Any], salt: str | None, block_size: int) -> list[int]:
+    """What vLLM would hash: a fresh hasher's whole-text encode, hashed without any cache."""
+    cold = RequestBlocks(SMOLLM2, block_size=block_size, piece_cache=1)
+    return block_hashes(cold._whole(cold.render(body)), block_size, cache_salt=salt)
+
+
+@needs_model
+def test_prefix_reuse_gives_the_fixtures_vllm_hashes_across_salts() -> None:
+    warm = RequestBlocks(SMOLLM2, block_size=16)
+    for salt in (None, "tenant-a", None, "tenant-b", "tenant-a"):
+        for case in FIXTURE["cases"]:
+            assert warm.blocks(case["body"], salt).hashes == block_hashes(case["tokens"], 16, cache_salt=salt)
+    assert warm.prefix_hits > 0
+
+
+@needs_model
+def test_interleaved_conversations_reuse_prefixes_and_hash_as_a_cold_encode() -> None:
+    warm = RequestBlocks(SMOLLM2, block_size=16)
+    conversations = agent_turns(3)
+    for turn in range(max(map(len, conversations))):
+        for i, turns in enumerate(conversations):
+            if turn < len(turns):
+                salt = None if i == 0 else f"tenant-{i}"
+                got = warm.blocks(turns[turn], salt)
+                assert got.hashes == cold_hashes(turns[turn], salt, 16)
+    assert warm.prefix_hits >= sum(len(t) - 1 for t in conversations)
+
+
+@needs_model
+def test_a_learned_reply_leaves_only_the_new_user_message_to_tokenize() -> None:
+    warm = RequestBlocks(SMOLLM2, block_size=16)
+    turns = agent_turns(1)[0]
+    prev, nxt = turns[-2], turns[-1]
+    reply = nxt["messages"][len(prev["messages"])]
+    assert reply["role"] == "assistant"
+    warm.blocks(prev, "s")
+    head = warm.next_turn_text(prev, reply)
+    text = warm.render(nxt)
+    assert text.startswith(head) and head.endswith("<|im_start|>")
+    warm.blocks_for_text(head, "s")  # what the reply learner does once the response was sent
+    unseen = warm.unseen_pieces(text, "s")
+    assert len(unseen) == 1 and unseen[0].startswith("user\n")  # the reply's piece is cached
+    assert warm.blocks(nxt, "s").hashes == cold_hashes(nxt, "s", 16)
