@@ -96,6 +96,29 @@ async def until(cond: Any, within: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+@dataclass
+class Rejoin:
+    """A replica of `engine` that was down and probes healthy again, with its cluster and the running warmer."""
+
+    cluster: ClusterState
+    replica: ReplicaState
+    w: Prewarmer
+
+
+@asynccontextmanager
+async def rejoining(engine: Engine, prefixes: int, **cfg: Any) -> AsyncIterator[Rejoin]:
+    """`engine` serves a replica beside OTHER; `prefixes` are remembered; the replica comes back and is told."""
+    with serve_in_thread(engine.app()) as url:
+        cluster = cluster_of(url, OTHER, policy="round_robin")
+        replica = cluster.pools["main"].replicas[0]
+        mem = PrefixMemory(PrewarmConfig())
+        remember(mem, range(prefixes))
+        async with warmer(cluster, mem, **cfg) as w:
+            comes_back(replica)
+            w.on_health(replica, was_healthy=False)
+            yield Rejoin(cluster, replica, w)
+
+
 def test_home_of_is_the_prefix_affinity_home() -> None:
     from app.routing.prefix_affinity import PrefixAffinity
 
@@ -121,18 +144,12 @@ async def test_the_plan_is_the_joining_replicas_rendezvous_share_of_the_top_pref
 
 async def test_a_replica_that_comes_back_is_held_while_it_replays_then_joins() -> None:
     engine = Engine(delay_s=0.2)
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(3))
-        async with warmer(cluster, mem) as w:
-            comes_back(replica)
-            w.on_health(replica, was_healthy=False)
-            other = cluster.pools["main"].replicas[1]
-            assert replica.warming and not replica.available() and cluster.pools["main"].candidates() == [other]
-            await until(lambda: not replica.warming)
-            assert replica.available() and cluster.pools["main"].candidates() == [replica, other]
+    async with rejoining(engine, 3) as r:
+        cluster, replica, w = r.cluster, r.replica, r.w
+        other = cluster.pools["main"].replicas[1]
+        assert replica.warming and not replica.available() and cluster.pools["main"].candidates() == [other]
+        await until(lambda: not replica.warming)
+        assert replica.available() and cluster.pools["main"].candidates() == [replica, other]
     assert len(engine.bodies) == 3
     for b in engine.bodies:
         assert b["max_tokens"] == 1 and b["stream"] is False and b["model"] == "served"
@@ -142,93 +159,57 @@ async def test_a_replica_that_comes_back_is_held_while_it_replays_then_joins() -
 
 async def test_replays_run_at_most_concurrency_at_once() -> None:
     engine = Engine(delay_s=0.1)
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(10))
-        async with warmer(cluster, mem, concurrency=2) as w:
-            comes_back(replica)
-            w.on_health(replica, was_healthy=False)
-            await until(lambda: not replica.warming)
+    async with rejoining(engine, 10, concurrency=2) as r:
+        replica = r.replica
+        await until(lambda: not replica.warming)
     assert len(engine.bodies) == 10 and engine.peak == 2
 
 
 async def test_a_failed_replay_ends_the_prewarm_and_the_replica_joins_cold() -> None:
     engine = Engine(status=500)
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(10))
-        async with warmer(cluster, mem, concurrency=1) as w:
-            comes_back(replica)
-            w.on_health(replica, was_healthy=False)
-            await until(lambda: not replica.warming)
-            assert replica.available()
+    async with rejoining(engine, 10, concurrency=1) as r:
+        replica, w = r.replica, r.w
+        await until(lambda: not replica.warming)
+        assert replica.available()
     assert len(engine.bodies) == 1, "the first 5xx stops the replays"
     assert w.runs[-1].result == "failed"
 
 
 async def test_a_rejected_prefix_is_skipped_and_the_rest_replayed() -> None:
     engine = Engine(status=400)
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(4))
-        async with warmer(cluster, mem) as w:
-            comes_back(replica)
-            w.on_health(replica, was_healthy=False)
-            await until(lambda: not replica.warming)
+    async with rejoining(engine, 4) as r:
+        replica, w = r.replica, r.w
+        await until(lambda: not replica.warming)
     assert w.runs[-1].skipped == 4 and w.runs[-1].result == "done"
 
 
 async def test_the_budget_lets_the_replica_join_with_replays_unanswered() -> None:
     engine = Engine(delay_s=30)
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(4))
-        async with warmer(cluster, mem, budget_s=0.3) as w:
-            comes_back(replica)
-            w.on_health(replica, was_healthy=False)
-            await until(lambda: not replica.warming, within=3)
-            assert replica.available() and w.runs[-1].result == "budget"
+    async with rejoining(engine, 4, budget_s=0.3) as r:
+        replica, w = r.replica, r.w
+        await until(lambda: not replica.warming, within=3)
+        assert replica.available() and w.runs[-1].result == "budget"
 
 
 async def test_a_bad_probe_during_the_prewarm_ends_it_and_the_replica_stays_out() -> None:
     engine = Engine(delay_s=30)
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(4))
-        async with warmer(cluster, mem) as w:
-            comes_back(replica)
-            w.on_health(replica, was_healthy=False)
-            await asyncio.sleep(0.1)
-            replica.apply_probe(False, 1, 1)
-            w.on_health(replica, was_healthy=True)
-            await until(lambda: not replica.warming)
-            assert not replica.available(), "unhealthy: it stays out until it recovers (and is warmed again)"
-            assert w.runs[-1].result == "aborted"
+    async with rejoining(engine, 4) as r:
+        replica, w = r.replica, r.w
+        await asyncio.sleep(0.1)
+        replica.apply_probe(False, 1, 1)
+        w.on_health(replica, was_healthy=True)
+        await until(lambda: not replica.warming)
+        assert not replica.available(), "unhealthy: it stays out until it recovers (and is warmed again)"
+        assert w.runs[-1].result == "aborted"
 
 
 async def test_a_replica_that_leaves_the_cluster_stops_being_warmed() -> None:
     engine = Engine(delay_s=30)
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(4))
-        async with warmer(cluster, mem) as w:
-            comes_back(replica)
-            w.on_health(replica, was_healthy=False)
-            w.track(cluster_of("http://elsewhere:1"))
-            await until(lambda: not replica.warming)
-            assert w.runs[-1].result == "aborted"
+    async with rejoining(engine, 4) as r:
+        replica, w = r.replica, r.w
+        w.track(cluster_of("http://elsewhere:1"))
+        await until(lambda: not replica.warming)
+        assert w.runs[-1].result == "aborted"
 
 
 async def test_a_replica_with_nothing_to_replay_joins_at_once_and_a_healthy_one_is_left_alone() -> None:
