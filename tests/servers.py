@@ -27,24 +27,30 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
-    """Run an ASGI app with uvicorn on a loopback port in a thread; yield its base URL."""
-    port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on", loop="asyncio",
-                            timeout_graceful_shutdown=1)
+def running(config: uvicorn.Config) -> Iterator[str]:
+    """Run a uvicorn server of `config` in a thread until the block ends; yield its base URL once it listens."""
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("server did not start")
+            raise RuntimeError(f"server on {config.host}:{config.port} did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{config.host}:{config.port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
+    """Run an ASGI app with uvicorn on a loopback port in a thread; yield its base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="error", lifespan="on",
+                            loop="asyncio", timeout_graceful_shutdown=1)  # fmt: skip
+    with running(config) as url:
+        yield url
 
 
 @dataclass

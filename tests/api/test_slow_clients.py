@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,12 +14,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 
 from app.api.app import create_app
 from app.api.server import server_config
 from tests.conftest import PUBLIC_MODEL, gateway_config
-from tests.servers import FakeUpstream, free_port, serve_in_thread
+from tests.servers import FakeUpstream, free_port, running, serve_in_thread
 
 DEADLINE_S = 1.0
 CHAT = {"model": PUBLIC_MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -37,18 +35,8 @@ def serve_guarded(**listen: Any) -> Iterator[str]:
         cfg = gateway_config([upstream], listen={"host": "127.0.0.1", "port": port, **listen})
         app = create_app(cfg)
         config = server_config(app, cfg.listen, app.connections, loop="asyncio", log_level="error")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "gateway did not start"
-            time.sleep(0.01)
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            server.should_exit = True
-            thread.join(timeout=10)
+        with running(config) as url:
+            yield url
 
 
 async def p50_ms(client: httpx.AsyncClient, url: str, n: int) -> float:

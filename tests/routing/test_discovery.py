@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from app.routing.discovery import (
 from app.routing.discovery_config import KubernetesSelector
 from app.routing.prefix_affinity import PrefixAffinityParams
 from app.routing.state import ClusterState
-from tests.servers import FakeUpstream, free_port
+from tests.servers import FakeUpstream, free_port, running
 
 PRICE = {"input_per_m": 1.0, "output_per_m": 2.0}
 
@@ -225,19 +224,8 @@ def test_a_discovered_pool_routes_by_prefix_affinity_whatever_its_size() -> None
 def serve(app: Any, host: str, port: int) -> Iterator[str]:
     """uvicorn on `host:port` in a thread."""
     config = uvicorn.Config(app, host=host, port=port, log_level="error", loop="asyncio", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError(f"server on {host}:{port} did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with running(config) as url:
+        yield url
 
 
 def _port_free_on_both() -> int:
