@@ -439,16 +439,25 @@ def queue_config(args: argparse.Namespace, arm: str) -> AdmissionConfig:
                            max_queue_len=args.max_queue_len)  # fmt: skip
 
 
+def saturating_rates(args: argparse.Namespace) -> tuple[float, float]:
+    """The light and heavy tenants' request rates past saturation."""
+    return args.light_rate, args.light_rate * args.heavy_factor
+
+
+def arm_rates(args: argparse.Namespace, name: str) -> tuple[float, float]:
+    """The light and heavy tenants' request rates of arm `name` (below_*: scaled down; alone: no heavy tenant)."""
+    light, heavy = saturating_rates(args)
+    if name.startswith("below_"):
+        light, heavy = light * args.below_load, heavy * args.below_load
+    return light, 0.0 if name == "alone" else heavy
+
+
 async def direct(args: argparse.Namespace) -> None:
     """Every arm against sims this script starts."""
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-fair-queue-"))
-    light_rate, heavy_rate = args.light_rate, args.light_rate * args.heavy_factor
     results: list[ArmResult] = []
     for name in args.arms.split(","):
-        below = name.startswith("below_")
-        lr, hr = (light_rate * args.below_load, heavy_rate * args.below_load) if below else (light_rate, heavy_rate)
-        if name == "alone":
-            hr = 0.0
+        lr, hr = arm_rates(args, name)
         priority = name == "priority"
         sims = sims_for(args, name, priority, log_dir)
         queue = None
@@ -466,7 +475,7 @@ async def direct(args: argparse.Namespace) -> None:
         finally:
             for s in sims:
                 s.stop()
-    print_table(args, results, light_rate, heavy_rate)
+    print_table(args, results, *saturating_rates(args))
 
 
 GATEWAY_KEYS = {LIGHT: "sk-fair-light", HEAVY: "sk-fair-heavy"}
@@ -496,13 +505,9 @@ def arm_gateway_config(args: argparse.Namespace, name: str, urls: Sequence[str])
 async def via_gateway(args: argparse.Namespace) -> None:
     """Every arm through a `kvgate serve` this script starts in front of fresh sims."""
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-fair-queue-gw-"))
-    light_rate, heavy_rate = args.light_rate, args.light_rate * args.heavy_factor
     results: list[ArmResult] = []
     for name in args.arms.split(","):
-        below = name.startswith("below_")
-        lr, hr = (light_rate * args.below_load, heavy_rate * args.below_load) if below else (light_rate, heavy_rate)
-        if name == "alone":
-            hr = 0.0
+        lr, hr = arm_rates(args, name)
         sims = sims_for(args, name, "priority" in name, log_dir)
         gw: Proc | None = None
         try:
@@ -522,7 +527,7 @@ async def via_gateway(args: argparse.Namespace) -> None:
                 gw.stop()
             for s in sims:
                 s.stop()
-    print_table(args, results, light_rate, heavy_rate)
+    print_table(args, results, *saturating_rates(args))
     kinds = Counter(r.error for a in results for r in a.records if r.error is not None)
     print(f"errors by kind, all arms: {dict(kinds)}")
 
