@@ -47,7 +47,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import openai
 import redis
@@ -57,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_trace_eval import CLAUDE_IDENTITY, CLAUDE_INSTRUCTIONS, TASKS  # noqa: E402
-from normalize_eval import _free_port, _stop, _wait_healthy, sim_processes  # noqa: E402
+from normalize_eval import _free_port, _stop, gateway_process, sim_processes  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 SECRET = "shared-learning-eval"
@@ -179,25 +178,6 @@ def gateway_config(replicas: list[str], redis_url: str, prefix: str, tenant_ids:
     }  # fmt: skip
 
 
-@contextlib.contextmanager
-def gateway(cfg: dict[str, Any]) -> Iterator[str]:
-    """`kvgate serve` in its own process; yields its base URL once ready, SIGTERM (graceful stop) on exit."""
-    import yaml
-
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "gateway.yaml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--config", str(path), "--port", str(port)]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            _wait_healthy(proc, base + "/ready", "kvgate serve")
-            yield base
-        finally:
-            _stop(proc)
-
-
 # -- the driver ------------------------------------------------------------------------------------
 
 
@@ -251,7 +231,7 @@ def run_arm(arm: str, replicas: list[str], redis_url: str, args: argparse.Namesp
     measure = {tid: p[args.learn :] for tid, p in plans.items()}
     cfg = gateway_config(replicas, redis_url, prefix, tenant_ids, share=arm != "cold")
     result = ArmResult(arm, args.tenants, args.learn)
-    with gateway(cfg) as a:
+    with gateway_process(cfg) as a:
         asyncio.run(serve_turns(a, tenant_ids, learn, args.max_tokens))
         if arm == "in-place":
             result.sent = asyncio.run(serve_turns(a, tenant_ids, measure, args.max_tokens))
@@ -260,7 +240,7 @@ def run_arm(arm: str, replicas: list[str], redis_url: str, args: argparse.Namesp
             wait_shared(redis_url, prefix, tenant_ids)
     if arm == "shared":
         result.shared_fingerprints = wait_shared(redis_url, prefix, tenant_ids, timeout_s=0)
-    with gateway(cfg) as b:  # a new process: its volatility memory is empty bar what it loads
+    with gateway_process(cfg) as b:  # a new process: its volatility memory is empty bar what it loads
         result.sent = asyncio.run(serve_turns(b, tenant_ids, measure, args.max_tokens))
     return result
 
