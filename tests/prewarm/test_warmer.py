@@ -79,8 +79,9 @@ def comes_back(replica: ReplicaState) -> None:
 
 
 @asynccontextmanager
-async def warmer(cluster: ClusterState, mem: PrefixMemory, **cfg: Any) -> AsyncIterator[Prewarmer]:
-    w = Prewarmer(PrewarmConfig(**cfg), mem, cluster)
+async def warmer(cluster: ClusterState, mem: PrefixMemory, *, meter: Any = None, tracer: Any = None,
+                 **cfg: Any) -> AsyncIterator[Prewarmer]:  # fmt: skip
+    w = Prewarmer(PrewarmConfig(**cfg), mem, cluster, meter=meter, tracer=tracer)
     await w.start()
     try:
         yield w
@@ -106,14 +107,15 @@ class Rejoin:
 
 
 @asynccontextmanager
-async def rejoining(engine: Engine, prefixes: int, **cfg: Any) -> AsyncIterator[Rejoin]:
+async def rejoining(engine: Engine, prefixes: int, *, meter: Any = None, tracer: Any = None,
+                    **cfg: Any) -> AsyncIterator[Rejoin]:  # fmt: skip
     """`engine` serves a replica beside OTHER; `prefixes` are remembered; the replica comes back and is told."""
     with serve_in_thread(engine.app()) as url:
         cluster = cluster_of(url, OTHER, policy="round_robin")
         replica = cluster.pools["main"].replicas[0]
         mem = PrefixMemory(PrewarmConfig())
         remember(mem, range(prefixes))
-        async with warmer(cluster, mem, **cfg) as w:
+        async with warmer(cluster, mem, meter=meter, tracer=tracer, **cfg) as w:
             comes_back(replica)
             w.on_health(replica, was_healthy=False)
             yield Rejoin(cluster, replica, w)
@@ -232,19 +234,9 @@ async def test_the_log_line_and_metrics_hold_counts_not_prompt_text(caplog: pyte
 
     reader = InMemoryMetricReader()
     meter = MeterProvider(metric_readers=[reader]).get_meter("t")
-    engine = Engine()
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(2))
-        w = Prewarmer(PrewarmConfig(), mem, cluster, meter=meter)
-        await w.start()
-        caplog.set_level(logging.INFO, logger="app.prewarm.warmer")
-        comes_back(replica)
-        w.on_health(replica, was_healthy=False)
-        await until(lambda: not replica.warming)
-        await w.stop()
+    caplog.set_level(logging.INFO, logger="app.prewarm.warmer")
+    async with rejoining(Engine(), 2, meter=meter) as r:
+        await until(lambda: not r.replica.warming)
     line = next(r.getMessage() for r in caplog.records if "prewarm" in r.getMessage())
     assert "planned=2 ok=2" in line and SECRET_TEXT not in line and "salt-t" not in line
     data = reader.get_metrics_data()
@@ -264,18 +256,8 @@ async def test_each_run_is_one_span_with_counts_and_no_text() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    engine = Engine()
-    with serve_in_thread(engine.app()) as url:
-        cluster = cluster_of(url, OTHER, policy="round_robin")
-        replica = cluster.pools["main"].replicas[0]
-        mem = PrefixMemory(PrewarmConfig())
-        remember(mem, range(2))
-        w = Prewarmer(PrewarmConfig(), mem, cluster, tracer=provider.get_tracer("t"))
-        await w.start()
-        comes_back(replica)
-        w.on_health(replica, was_healthy=False)
-        await until(lambda: not replica.warming)
-        await w.stop()
+    async with rejoining(Engine(), 2, tracer=provider.get_tracer("t")) as r:
+        await until(lambda: not r.replica.warming)
     (span,) = exporter.get_finished_spans()
     assert span.name == "kvgate.prewarm" and span.attributes is not None
     assert span.attributes["kvgate.prewarm.ok"] == 2 and span.attributes["kvgate.prewarm.result"] == "done"
