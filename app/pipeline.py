@@ -255,8 +255,8 @@ class Gateway:
             except ChatRenderError:
                 ctx.blocks = None  # a body the gateway cannot render exactly: the policy falls back
         outcome = await self.dispatcher.run(ctx, model, key)
-        if self.prewarmer is not None and ctx.surface is CHAT and ctx.route is not None:
-            self.prefixes.record(ctx.route.pool, tenant.id, key, ctx.body, ctx.cache_salt)
+        if self.prewarmer is not None and ctx.route is not None:
+            self.prefixes.record(ctx.route.pool, tenant.id, key, ctx.body, ctx.cache_salt, ctx.surface)
         if isinstance(outcome, StreamRelay):
             return self._stream_reply(ctx, outcome)
         return await self._complete_reply(ctx, outcome)

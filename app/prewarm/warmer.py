@@ -188,18 +188,18 @@ class Prewarmer:
         for prefix in todo:
             if run.failed or not replica.healthy:
                 return
-            body = {**prefix.body, "model": served, "max_tokens": 1, "stream": False}
-            if prefix.salt is not None:
-                body["cache_salt"] = prefix.salt
-            outcome = await self._replay(replica.url, body, run)
+            outcome = await self._replay(replica.url, prefix, served, run)
             if self._requests is not None:
                 self._requests.add(1, {"pool": replica.pool, "outcome": outcome})
 
-    async def _replay(self, url: str, body: dict[str, Any], run: Run) -> str:
+    async def _replay(self, url: str, prefix: Prefix, served: str, run: Run) -> str:
         assert self._session is not None
+        # On the surface the prefix came in on, as its requests reach vLLM (served name, the tenant's salt).
+        body = prefix.surface.upstream_body(prefix.request.body, served_model=served, priority=None,
+                                            cache_salt=prefix.salt)  # fmt: skip
         try:
             async with self._session.post(
-                url + "/v1/chat/completions", data=orjson.dumps(body), headers={"content-type": "application/json"}
+                url + prefix.request.path, data=orjson.dumps(body), headers={"content-type": "application/json"}
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -214,9 +214,9 @@ class Prewarmer:
             return "skipped"
         run.ok += 1
         with contextlib.suppress(ValueError, AttributeError, TypeError):
-            usage = orjson.loads(raw).get("usage") or {}
-            run.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            run.cached_tokens += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            usage = prefix.surface.reply_usage(orjson.loads(raw))
+            run.prompt_tokens += usage.prompt_tokens
+            run.cached_tokens += usage.cached_tokens
         return "ok"
 
     def _report(self, replica: ReplicaState, run: Run, seconds: float, span: Any) -> None:

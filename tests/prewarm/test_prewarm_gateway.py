@@ -1,10 +1,13 @@
 """The gateway pre-warms a discovered replica on sims: the prefixes it becomes home for are cached there before
-its first request; without pre-warm they are not. While a replica warms, traffic goes on to the others."""
+its first request, whichever surface they came in on (chat, Responses, Messages: each replayed on its own, through
+the official SDKs); without pre-warm they are not. While a replica warms, traffic goes on to the others."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -31,12 +34,43 @@ def ask(client: openai.OpenAI, i: int, question: str) -> Any:
     )  # fmt: skip
 
 
+def cached_via_chat(base: str, i: int, question: str) -> int:
+    """Cached prompt tokens of one chat request (the OpenAI SDK)."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0, timeout=30)
+    return ask(client, i, question).usage.prompt_tokens_details.cached_tokens
+
+
+def cached_via_responses(base: str, i: int, question: str) -> int:
+    """Cached input tokens of one Responses request (the OpenAI SDK)."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0, timeout=30)
+    reply = client.responses.create(model="m", instructions=system_prompt(i), input=question, max_output_tokens=2,
+                                    store=False)  # fmt: skip
+    return reply.usage.input_tokens_details.cached_tokens
+
+
+def cached_via_messages(base: str, i: int, question: str) -> int:
+    """Cache-read input tokens of one Messages request (the Anthropic SDK)."""
+    client = anthropic.Anthropic(base_url=base, api_key="EMPTY", max_retries=0, timeout=30)
+    reply = client.messages.create(model="m", max_tokens=2, system=system_prompt(i),
+                                   messages=[{"role": "user", "content": question}])  # fmt: skip
+    return reply.usage.cache_read_input_tokens or 0
+
+
+SURFACES: dict[str, Callable[[str, int, str], int]] = {
+    "chat": cached_via_chat, "responses": cached_via_responses, "messages": cached_via_messages,
+}  # fmt: skip
+
+
 def sim() -> Any:
     return create_sim_app(SimOptions(model="served-model", time_scale=50, max_model_len=8192))
 
 
+@pytest.mark.parametrize("surface", sorted(SURFACES))
 @pytest.mark.parametrize("prewarm", [True, False])
-def test_a_discovered_replica_gets_its_share_of_the_prefixes_cached_before_its_first_request(prewarm: bool) -> None:
+def test_a_discovered_replica_gets_its_share_of_the_prefixes_cached_before_its_first_request(
+    prewarm: bool, surface: str
+) -> None:
+    cached_tokens = SURFACES[surface]
     port = _port_free_on_both()
     records = Records("127.0.0.1")
     cfg = discovering_config(f"replicas.test:{port}")
@@ -51,14 +85,13 @@ def test_a_discovered_replica_gets_its_share_of_the_prefixes_cached_before_its_f
         serve(app, "127.0.0.1", free_port()) as base,
     ):
         _wait(lambda: httpx.get(f"{base}/ready").status_code == 200)
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0, timeout=30)
         for i in range(PREFIXES):
-            ask(client, i, "first question")
+            cached_tokens(base, i, "first question")
         records.addresses = ["127.0.0.1", "127.0.0.2"]
         _wait(lambda: len(gw.cluster.pools["main"].replicas) == 2)
         _wait(lambda: all(r.available() for r in gw.cluster.pools["main"].replicas))
         # Each prefix's next request, new question: the ones whose home moved to the new replica land there.
-        cached = [ask(client, i, "a new question").usage.prompt_tokens_details.cached_tokens for i in range(PREFIXES)]
+        cached = [cached_tokens(base, i, "a new question") for i in range(PREFIXES)]
     if prewarm:
         run = gw.prewarmer.runs[-1]
         assert run.result == "done" and 0 < run.ok < PREFIXES

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.api.surfaces import CHAT
 from app.config import parse_config
 from app.prewarm.config import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
@@ -69,7 +70,7 @@ def body(i: int) -> dict[str, Any]:
 
 def remember(mem: PrefixMemory, keys: range, tenant: str = "t", salt: str | None = "salt-t") -> None:
     for k in keys:
-        mem.record("main", tenant, k, body(k), salt)
+        mem.record("main", tenant, k, body(k), salt, CHAT)
 
 
 def comes_back(replica: ReplicaState) -> None:

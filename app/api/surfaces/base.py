@@ -15,6 +15,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class WarmRequest:
+    """A request that caches a body's stable prefix and generates one token: the path and body (no model, no
+    salt: app/prewarm adds them through the surface's upstream_body)."""
+
+    path: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Parsed:
     """What validation learned of a body besides its prompt: streaming, and whether the client wants usage."""
 
@@ -95,6 +104,14 @@ class Surface(Protocol):
         """The prompt as GenAI `gen_ai.input.messages` (role + parts); spans call it only on opt-in."""
         ...
 
+    def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """The request that pre-warms `body`'s stable prefix (what every turn of its session repeats), or None."""
+        ...
+
+    def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
+        """The usage a complete reply body reports."""
+        ...
+
 
 def positive_int(body: Mapping[str, Any], key: str) -> None:
     """400 unless body[key] is absent or a positive integer."""
@@ -126,6 +143,21 @@ def usage_count(obj: Mapping[str, Any], key: str) -> int:
     """A token count from a usage object (0 when absent or not a number)."""
     value = obj.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def leading_then_user(items: Any, leading_roles: frozenset[str]) -> list[dict[str, Any]] | None:
+    """The leading items whose role is in `leading_roles` and the first user item after them, or None when the
+    first other item is not a user's (a prompt needs one; its blocks are the last and the cheapest)."""
+    if not isinstance(items, list):
+        return None
+    head: list[dict[str, Any]] = []
+    for item in items:
+        role = item.get("role") if isinstance(item, dict) else None
+        if role in leading_roles:
+            head.append(item)
+            continue
+        return [*head, item] if role == "user" else None
+    return None
 
 
 def record_usage(into: Usage, prompt: int, completion: int, cached: int) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import positive_int
+from app.api.surfaces.base import WarmRequest, leading_then_user, positive_int
 from app.api.surfaces.openai import OpenAISurface, media_free_parts
 from app.context import Operation
 from app.errors import bad_request
@@ -18,6 +18,8 @@ from app.routing.prefix_key import HEAD_CHARS
 # Role and framing tokens the template adds per message.
 TOKENS_PER_MESSAGE = 4
 _LEADING_ROLES = frozenset({"system", "developer"})
+# Fields that reach the chat template, so a pre-warm renders to the same leading tokens.
+RENDER_FIELDS = ("tools", "tool_choice", "chat_template", "chat_template_kwargs", "documents")
 
 
 class ChatSurface(OpenAISurface):
@@ -94,6 +96,20 @@ class ChatSurface(OpenAISurface):
             head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars,
             framing_tokens=framing, tool_chars=tool_chars, restatable=last_user is not None,
         )  # fmt: skip
+
+    def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """The leading system/developer messages, the first user message and what the template reads, one token."""
+        head = leading_then_user(body.get("messages"), _LEADING_ROLES)
+        if head is None:
+            return None
+        out: dict[str, Any] = {"messages": head, "max_tokens": 1, "stream": False}
+        size = sum(content_chars(m.get("content")) for m in head)
+        for name in RENDER_FIELDS:
+            if body.get(name) is not None:
+                out[name] = body[name]
+                if name == "tools":
+                    size += len(orjson.dumps(body[name]))
+        return WarmRequest("/v1/chat/completions", out) if size <= max_chars else None
 
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
         """A trailing system message, or a block appended to the last user turn."""

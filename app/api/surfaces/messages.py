@@ -12,7 +12,16 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
+from app.api.surfaces.base import (
+    Parsed,
+    WarmRequest,
+    leading_then_user,
+    number_in,
+    positive_int,
+    record_usage,
+    stream_flag,
+    usage_count,
+)
 from app.api.surfaces.openai import rewrite_model
 from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 from app.context import Operation, RequestContext, Usage
@@ -40,6 +49,9 @@ def anthropic_error(status: int, message: str) -> bytes:
 
 
 BILLING_HEADER = "x-anthropic-billing-header"
+# What vLLM renders of a Messages body besides system and messages (thinking "disabled" and output_config's
+# effort become the template's reasoning_effort; an enabled thinking budget is a sampling parameter only).
+_RENDER_FIELDS = ("system", "tools", "tool_choice", "chat_template_kwargs")
 
 
 def _after_billing_line(text: str) -> str | None:
@@ -216,6 +228,31 @@ class MessagesSurface:
                 break
         return {**body, "messages": messages}
 
+    def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """The system prompt, the tools and the first user message, with what vLLM renders; one token."""
+        head = leading_then_user(body.get("messages"), frozenset())
+        if head is None:
+            return None
+        out: dict[str, Any] = {"messages": head, "max_tokens": 1, "stream": False}
+        for name in _RENDER_FIELDS:
+            if body.get(name) is not None:
+                out[name] = body[name]
+        thinking, config = body.get("thinking"), body.get("output_config")
+        if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+            out["thinking"] = thinking  # enabled needs a budget below max_tokens, and renders nothing
+        if isinstance(config, dict) and config.get("effort") is not None:
+            out["output_config"] = {"effort": config["effort"]}
+        size = content_chars(body.get("system")) + _block_chars(head[0].get("content"))
+        if body.get("tools"):
+            size += len(orjson.dumps(body["tools"]))
+        return WarmRequest("/v1/messages", out) if size <= max_chars else None
+
+    def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
+        """A message's `usage` (cache reads and writes counted into the prompt)."""
+        usage, out = doc.get("usage"), Usage()
+        capture_messages_usage(usage if isinstance(usage, Mapping) else None, out)
+        return out
+
     def upstream_body(
         self, body: dict[str, Any], *, served_model: str, priority: int | None, cache_salt: str | None
     ) -> dict[str, Any]:
@@ -300,3 +337,7 @@ class CountTokensSurface(MessagesSurface):
     can_stream = False
     normalizable = False
     require_max_tokens = False
+
+    def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """None: counting tokens fills no cache."""
+        return None

@@ -11,6 +11,7 @@ import orjson
 from app.api.surfaces.base import (
     Parsed,
     StreamObserver,
+    WarmRequest,
     number_in,
     positive_int,
     record_usage,
@@ -220,6 +221,16 @@ class OpenAISurface:
         rid = doc.get("id")
         ctx.response_id = rid if isinstance(rid, str) else None
         note_choices(ctx, doc.get("choices"))
+
+    def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
+        """`usage` of a complete body."""
+        usage, out = doc.get("usage"), Usage()
+        capture_usage(usage if isinstance(usage, Mapping) else None, out)
+        return out
+
+    def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """None: only the chat-style surfaces have a prefix worth pre-warming."""
+        return None
 
     def public_body(self, body: bytes, served: str, public: str) -> bytes:
         """The body with the public model name."""

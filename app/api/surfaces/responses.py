@@ -7,7 +7,16 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import Parsed, number_in, positive_int, record_usage, stream_flag, usage_count
+from app.api.surfaces.base import (
+    Parsed,
+    WarmRequest,
+    leading_then_user,
+    number_in,
+    positive_int,
+    record_usage,
+    stream_flag,
+    usage_count,
+)
 from app.api.surfaces.openai import OpenAISurface
 from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 from app.context import Operation, RequestContext, Usage
@@ -18,6 +27,9 @@ from app.routing.prefix_key import HEAD_CHARS
 
 _LEADING_ROLES = frozenset({"system", "developer"})
 _TEXT_TYPES = ("input_text", "text", "output_text")
+# Fields vLLM renders into the prompt (instructions as the system message, tools, reasoning effort, template
+# kwargs), so a pre-warm renders to the same leading tokens.
+_RENDER_FIELDS = ("instructions", "tools", "tool_choice", "reasoning", "chat_template_kwargs")
 _FINAL_EVENTS = frozenset({b"response.completed", b"response.failed", b"response.incomplete"})
 # Role and framing tokens per input item, as for chat messages.
 TOKENS_PER_ITEM = 4
@@ -182,6 +194,30 @@ class ResponsesSurface(OpenAISurface):
         # No user item to carry the block: the instructions' tail takes it.
         instructions = body.get("instructions") or ""
         return {**body, "instructions": (instructions + "\n\n" if instructions else "") + block}
+
+    def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """Instructions, the leading system/developer items and the first user item (or a string input), and what
+        vLLM renders; one token, and not stored (a replica must not keep a response nobody asked for)."""
+        items = body.get("input")
+        head: Any = items if isinstance(items, str) else leading_then_user(items, _LEADING_ROLES)
+        if head is None:
+            return None
+        size = len(head) if isinstance(head, str) else sum(_item_text_chars(item) for item in head)
+        out: dict[str, Any] = {"input": head, "max_output_tokens": 1, "stream": False, "store": False}
+        for name in _RENDER_FIELDS:
+            if body.get(name) is not None:
+                out[name] = body[name]
+        if isinstance(body.get("instructions"), str):
+            size += len(body["instructions"])
+        if body.get("tools"):
+            size += len(orjson.dumps(body["tools"]))
+        return WarmRequest("/v1/responses", out) if size <= max_chars else None
+
+    def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
+        """A response object's `usage`."""
+        usage, out = doc.get("usage"), Usage()
+        capture_response_usage(usage if isinstance(usage, Mapping) else None, out)
+        return out
 
     def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
         """Usage, id and status of a complete response object."""
