@@ -59,8 +59,8 @@ TIME_LIMIT_S = 600
 
 
 def _sim_child(port: int) -> None:
-    """`kvgate sim` (h100-8b) plus GET /_seen: per completion it served, its x-request-id, when it arrived and
-    when its last byte left (wall clock: the one the gateways' peer-load rounds are aligned on)."""
+    """`kvgate sim` (h100-8b) plus GET /_seen: per chat/Messages/Responses request it served, its x-request-id,
+    when it arrived and when its last byte left (wall clock: the one the gateways' peer-load rounds are aligned on)."""
     import uvicorn
 
     from app.sim.options import SimOptions
@@ -76,7 +76,7 @@ def _sim_child(port: int) -> None:
             await send({"type": "http.response.body", "body": body})
             return
         rid = ""
-        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+        if scope["type"] == "http" and scope["path"] in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
             rid = dict(scope["headers"]).get(b"x-request-id", b"").decode()
         if not rid:
             await sim(scope, receive, send)

@@ -17,6 +17,10 @@ fails, it is out of the pool), so the pool routes over A and B. Then:
 
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/prewarm_eval.py
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/prewarm_eval.py --tenants 16 --first-n 30 --json out.json
+    flock /tmp/kvgate-bench.lock .venv/bin/python experiments/prewarm_eval.py --api messages   # or responses
+
+`--api messages|responses` sends the same sessions through /v1/messages (system, Anthropic tools) or /v1/responses
+(instructions, input items, flat function tools, store: false), as Claude Code and Codex do.
 """
 
 from __future__ import annotations
@@ -97,10 +101,61 @@ def gateway_config(sims: list[str], tenants: int, prewarm: bool) -> dict[str, An
     }  # fmt: skip
 
 
+def _system_and_turns(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    messages = body["messages"]
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    turns = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
+    return system, turns, [t["function"] for t in body.get("tools") or ()]
+
+
+def as_messages(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The agent workload's chat request as Anthropic Messages (system prompt, `input_schema` tools)."""
+    system, turns, tools = _system_and_turns(body)
+    out = {"model": body["model"], "max_tokens": max_tokens, "system": system, "messages": turns}
+    if tools:
+        out["tools"] = [{"name": t["name"], "description": t.get("description", ""), "input_schema": t["parameters"]}
+                        for t in tools]  # fmt: skip
+    if isinstance(body.get("tool_choice"), str):  # the workload's "none" (vLLM's "auto" needs a tool parser)
+        out["tool_choice"] = {"type": body["tool_choice"]}
+    return out
+
+
+def as_responses(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The agent workload's chat request as Responses (instructions, message items, flat function tools)."""
+    system, turns, tools = _system_and_turns(body)
+    out = {"model": body["model"], "max_output_tokens": max_tokens, "instructions": system, "store": False,
+           "input": [{"type": "message", **t} for t in turns]}  # fmt: skip
+    if tools:
+        out["tools"] = [{"type": "function", **t} for t in tools]
+    if body.get("tool_choice") is not None:
+        out["tool_choice"] = body["tool_choice"]
+    return out
+
+
+def reply_of(api: str, doc: dict[str, Any]) -> tuple[int, int, str]:
+    """Prompt tokens, cached tokens and the reply text of one answer of `api`."""
+    usage = doc.get("usage") or {}
+    if api == "messages":
+        cached = int(usage.get("cache_read_input_tokens") or 0)
+        prompt = int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
+        return prompt, cached, "".join(b.get("text", "") for b in doc.get("content") or ())
+    if api == "responses":
+        text = "".join(c.get("text", "") for item in doc.get("output") or () for c in item.get("content") or ())
+        cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+        return int(usage.get("input_tokens") or 0), cached, text
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return int(usage.get("prompt_tokens") or 0), cached, doc["choices"][0]["message"].get("content") or ""
+
+
+API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+
+
 class Load:
     """`concurrency` agent sessions in flight, turn after turn, until stopped."""
 
-    def __init__(self, base: str, workload: Workload, concurrency: int, max_tokens: int, warm: int) -> None:
+    def __init__(self, base: str, workload: Workload, concurrency: int, max_tokens: int, warm: int,
+                 api: str = "chat") -> None:  # fmt: skip
+        self.api = api
         self.base = base
         self.workload = workload
         self.concurrency = concurrency
@@ -127,24 +182,23 @@ class Load:
     async def _turn(self, client: httpx.AsyncClient, session: Session) -> None:
         req = session.next_request("m", stream=False)
         req.body["max_tokens"] = self.max_tokens
+        body = {"messages": as_messages, "responses": as_responses}.get(self.api, lambda b, _: b)(
+            req.body, self.max_tokens)
         rid = uuid.uuid4().hex
         sent = Sent(rid, req.tenant, req.turn, after_join=self.joined)
         t0 = time.monotonic()
-        r = await client.post("/v1/chat/completions", json=req.body,
+        r = await client.post(API_PATHS[self.api], json=body,
                               headers={**req.headers, "authorization": f"Bearer {req.api_key}", "x-request-id": rid})
         sent.seconds = time.monotonic() - t0
         if r.status_code != 200:
             self.errors += 1
             session.record_reply("")
             return
-        doc = r.json()
-        usage = doc.get("usage") or {}
-        sent.prompt = int(usage.get("prompt_tokens") or 0)
-        sent.cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        sent.prompt, sent.cached, text = reply_of(self.api, r.json())
         self.sent[rid] = sent
         if len(self.sent) >= self.warm:
             self.warmed.set()
-        session.record_reply(doc["choices"][0]["message"].get("content") or "")
+        session.record_reply(text)
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -194,7 +248,7 @@ async def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> ArmResul
         await asyncio.sleep(1.0)  # C's probes fail: it leaves the rotation before any request
         options = WorkloadOptions(seed=args.seed, tenants=args.tenants,
                                   api_keys=tuple(f"sk-pw-{k}" for k in range(args.tenants)))  # fmt: skip
-        load = Load(base, Workload("agent", options), args.concurrency, args.max_tokens, args.warm)
+        load = Load(base, Workload("agent", options), args.concurrency, args.max_tokens, args.warm, args.api)
         task = asyncio.create_task(load.run())
         deadline = time.monotonic() + args.time_limit_s
         await asyncio.wait_for(load.warmed.wait(), args.time_limit_s)
@@ -241,6 +295,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--seeds", default="7,8,9", help="one run of both arms per seed (sessions and ports differ)")
     p.add_argument("--time-limit-s", type=float, default=240)
+    p.add_argument("--api", choices=sorted(API_PATHS), default="chat", help="the API the sessions speak")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-prewarm-"))
@@ -249,8 +304,8 @@ def main() -> None:
     for seed in (int(x) for x in args.seeds.split(",")):
         args.seed = seed
         results += [asyncio.run(run_arm(arm, args, workdir)) for arm in ARMS]
-    print(f"\nlogs in {workdir}; {args.tenants} tenants, {args.concurrency} sessions in flight, C joins after "
-          f"{args.warm} requests, C's first {args.first_n} client requests\n")  # fmt: skip
+    print(f"\nlogs in {workdir}; {API_PATHS[args.api]}, {args.tenants} tenants, {args.concurrency} sessions in "
+          f"flight, C joins after {args.warm} requests, C's first {args.first_n} client requests\n")  # fmt: skip
     print("| arm | seed | C's requests measured | cached-token ratio on C | on C, first turns | mean latency on C (s) "
           "| others' ratio after join | pre-warm replays | replayed tokens | held (s) | C's first request after (s) "
           "| requests | errors |")

@@ -44,3 +44,28 @@ def test_tools_choice_stops_and_sampling_map_to_chat_fields() -> None:
     named = chat_request({**body, "tool_choice": {"type": "tool", "name": "ls"}})
     assert named["tool_choice"] == {"type": "function", "function": {"name": "ls"}}
     assert chat_request({**body, "tool_choice": None})["tool_choice"] == "auto"  # tools without a choice: auto
+
+
+def test_the_gateway_and_the_sim_convert_a_claude_code_conversation_alike() -> None:
+    # Two copies on purpose (the sim is the test double, app/sim/messages.py says why); on text, tool use and tool
+    # results, what Claude Code sends, they must not drift apart.
+    from app.sim.messages import to_chat_messages
+
+    body = {
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=abcde;"},
+                   {"type": "text", "text": "You are Claude Code."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                                         {"type": "text", "text": "list it"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "ok"},
+                                              {"type": "tool_use", "id": "tu1", "name": "ls", "input": {"d": "/"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1",
+                                          "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                                         {"type": "text", "text": "next"}]},
+            {"role": "assistant", "content": "plain"},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu2", "content": "str result"}]},
+        ],
+    }  # fmt: skip
+    converted = chat_messages(body)
+    assert converted == to_chat_messages(body)
+    assert [m["role"] for m in converted] == ["system", "user", "assistant", "tool", "user", "assistant", "tool"]
