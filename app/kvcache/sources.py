@@ -17,17 +17,26 @@ class EventSource:
     endpoint: str
     replay: str | None = None
     topic: str = ""
-    bind: bool | None = None  # None: vLLM's rule on the endpoint string; True binds a concrete interface
+    bind: bool | None = None  # None: a wildcard or ipc endpoint binds (subscriber_binds); True binds a concrete one
 
     @property
     def collector(self) -> bool:
         """True when we bind (the replica connects to us), as vLLM binds only wildcard endpoints."""
-        return self.bind if self.bind is not None else is_bind_endpoint(self.endpoint)
+        return self.bind if self.bind is not None else subscriber_binds(self.endpoint)
 
 
 def is_bind_endpoint(endpoint: str) -> bool:
     """vLLM's own rule (ZmqEventPublisher._is_bind_endpoint): wildcard or ipc/inproc binds, the rest connects."""
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def subscriber_binds(endpoint: str) -> bool:
+    """Whether the gateway binds `endpoint` as a collector: vLLM's rule, except that only `[::]` is an IPv6
+    wildcard; any other address holding "::" (a discovered pod's `tcp://[fd00::7]:5557`) is a replica to dial."""
+    if not endpoint.startswith("tcp://"):
+        return is_bind_endpoint(endpoint)
+    host = endpoint[len("tcp://") :].rpartition(":")[0]
+    return "*" in host or host in ("[::]", "::")
 
 
 @dataclass(slots=True)

@@ -237,6 +237,18 @@ def test_bind_rule_follows_vllm() -> None:
     assert not is_bind_endpoint("tcp://10.0.0.5:5557")
 
 
+def test_a_replica_at_an_ipv6_address_is_dialled_and_only_wildcards_make_a_collector() -> None:
+    # vLLM's rule reads any "::" as a wildcard; a discovered pod's IPv6 address is a replica to connect to.
+    assert is_bind_endpoint("tcp://[fd00::7]:5557")
+    assert not EventSource("http://[fd00::7]:8000", "tcp://[fd00::7]:5557").collector
+    assert not EventSource("http://[::1]:8000", "tcp://[::1]:5557").collector
+    assert not EventSource("http://a", "tcp://10.0.0.5:5557").collector
+    assert EventSource("http://a", "tcp://*:5557").collector
+    assert EventSource("http://a", "tcp://[::]:5557").collector
+    assert EventSource("http://a", "ipc:///tmp/kv").collector
+    assert EventSource("http://a", "tcp://10.0.0.5:5557", bind=True).collector
+
+
 async def test_a_replica_added_to_a_running_hub_is_subscribed_and_a_removed_one_forgotten(
     pub: WirePublisher, ports: tuple[str, str]
 ) -> None:
