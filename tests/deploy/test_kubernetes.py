@@ -34,9 +34,11 @@ from tests.deploy.files import (
     DASHBOARDS,
     ENV_EXAMPLE,
     ROOT,
+    bound_port,
     effective_compose,
     flag,
     host_port,
+    kv_publishing,
     load_compose,
     merge_compose,
     read_env_file,
@@ -385,7 +387,12 @@ def test_gateway_config_with_its_environment_is_the_compose_gateways(overlay: st
         [url] = compose.pools[name].replicas
         host, port = host_port(url, 80)
         assert pool.discovery is not None and pool.discovery.dns == f"{host}-pods:{port}", name
-        same = {"replicas": [], "discovery": None}
+        # Compose names each engine's KV-event endpoints; here the template puts each pod's address in them,
+        # which for the compose engine's own name gives compose's endpoints.
+        events, theirs = pool.discovery.kv_events, compose.pools[name].replica_events[url]
+        assert events is not None and events.for_address(host) == (theirs.endpoint, theirs.replay), name
+        assert events.topic == theirs.topic, name
+        same = {"replicas": [], "discovery": None, "replica_events": {}}
         assert pool.model_copy(update=same) == compose.pools[name].model_copy(update=same)
     assert k8s.models == compose.models and k8s.telemetry == compose.telemetry
     assert k8s.listen == compose.listen and k8s.routing == compose.routing and k8s.auth == compose.auth
@@ -434,6 +441,41 @@ def test_gateway_replicas_reach_each_pools_engine_service_on_its_listen_port(ove
         # The ClusterIP twin selects the same pods (the stable name for other clients).
         svc = exact(objs, "Service", host.removesuffix("-pods"))
         assert svc and svc["spec"]["selector"] == pods["spec"]["selector"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_discovered_pod_is_subscribed_on_the_ports_its_engine_publishes_on(overlay: str) -> None:
+    from app.kvcache.sources import EventSource
+    from app.routing.discovery import with_replicas
+
+    objs = objects(overlay)
+    cfg = gateway_config(objs)
+    # What the gateway builds when discovery finds one pod per pool (IPv4 and IPv6): its event endpoints.
+    found = {"fast": ["http://10.1.2.3:8000"], "bulk": ["http://[fd00::7]:8000"]}
+    live = with_replicas(cfg, found)
+    for pool_name, pool in cfg.pools.items():
+        assert pool.discovery is not None and pool.discovery.dns is not None and pool.discovery.kv_events is not None
+        host, _ = host_port(f"http://{pool.discovery.dns}", 80)
+        pods = service_for(objs, host)
+        [workload] = workloads_behind(objs, pods)
+        c = pod_spec(workload)["containers"][0]
+        published = kv_publishing(argv(objs, c))
+        assert published is not None and published.replay is not None, f"{pool_name}: the engine publishes no KV events"
+        [url] = found[pool_name]
+        ev = live.pools[pool_name].replica_events[url]
+        address = url.split("//")[1].rsplit(":", 1)[0]
+        # The gateway dials the pod (an IPv6 address holds "::", which vLLM's own rule would read as a wildcard).
+        assert ev.replay is not None and not EventSource(url, ev.endpoint, ev.replay).collector, "dial, never bind"
+        assert ev.topic == published.topic, pool_name
+        for theirs, ours in ((published.endpoint, ev.endpoint), (published.replay, ev.replay)):
+            # The pod's own address (a headless Service maps no ports), on the port its engine binds.
+            assert ours == f"tcp://{address}:{bound_port(theirs)}", f"{ours}, but the engine binds {theirs}"
+            port = bound_port(theirs)
+            assert container_port(c, port) == port
+            assert port in {p["port"] for p in pods["spec"]["ports"]}, f"{host} does not list {port}"
+        # The ClusterIP twin balances connections over pods: a subscriber there would get one pod's stream.
+        svc = exact(objs, "Service", host.removesuffix("-pods"))
+        assert svc is not None and {p["port"] for p in svc["spec"]["ports"]} == {int(pool.discovery.dns.rsplit(":")[1])}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
