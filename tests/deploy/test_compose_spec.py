@@ -18,7 +18,17 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.files import COMPOSE, COMPOSE_CPU, ENV_EXAMPLE, ROOT, effective_compose, read_env_file
+from tests.deploy.files import (
+    COMPOSE,
+    COMPOSE_CPU,
+    ENV_EXAMPLE,
+    ROOT,
+    bound_port,
+    effective_compose,
+    kv_events_json,
+    kv_publishing,
+    read_env_file,
+)
 
 STACKS = {"gpu": (COMPOSE,), "cpu": (COMPOSE, COMPOSE_CPU)}
 REQUIRED = ("KVGATE_SALT_SECRET", "GRAFANA_ADMIN_PASSWORD", "SPECULATIVE_CONFIG")
@@ -169,3 +179,18 @@ def test_docker_compose_rejects_a_key_the_specification_does_not_have(tmp_path: 
     bad.write_text("services:\n  gateway:\n    image: kvgate:0.1.0\n    healthchek: {test: [CMD, 'true']}\n")
     out = compose_config((bad,), ENV_EXAMPLE, home)
     assert out.returncode != 0 and "healthchek" in out.stderr
+
+
+@pytest.mark.parametrize("files", STACKS.values(), ids=STACKS.keys())
+def test_docker_compose_passes_each_engine_its_kv_events_config_whole(files: tuple[Path, ...], home: Path) -> None:
+    out = compose_config(files, ENV_EXAMPLE, home)
+    assert out.returncode == 0, out.stderr
+    theirs = json.loads(out.stdout)["services"]
+    ours = effective_compose(*files)["services"]
+    for name in ("vllm-fast", "vllm-bulk"):
+        command = theirs[name]["command"]
+        # The JSON survives YAML quoting and interpolation as one argument vLLM's parser reads.
+        assert kv_events_json(command) == kv_events_json(ours[name]["command"]), name
+        published = kv_publishing(command)
+        assert published is not None and published.replay is not None, name
+        assert {str(bound_port(published.endpoint)), str(bound_port(published.replay))} <= set(theirs[name]["expose"])
