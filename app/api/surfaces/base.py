@@ -6,11 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
+from app.context import Usage
 from app.errors import GatewayError, bad_request
 from app.prompt import PromptView
 
 if TYPE_CHECKING:
-    from app.context import Operation, RequestContext, Usage
+    from collections.abc import Callable
+
+    from app.context import Operation, RequestContext
     from app.normalize.placement import TailPlacement
 
 
@@ -158,6 +163,25 @@ def leading_then_user(items: Any, leading_roles: frozenset[str]) -> list[dict[st
             continue
         return [*head, item] if role == "user" else None
     return None
+
+
+def warm_within(path: str, body: Mapping[str, Any], out: dict[str, Any], fields: tuple[str, ...], chars: int,
+                max_chars: int) -> WarmRequest | None:  # fmt: skip
+    """`out` plus the `fields` of `body` that are set, as a WarmRequest to `path`, if the prefix (`chars` of text
+    plus the tools' JSON) is at most `max_chars`."""
+    for name in fields:
+        if body.get(name) is not None:
+            out[name] = body[name]
+    if body.get("tools"):
+        chars += len(orjson.dumps(body["tools"]))
+    return WarmRequest(path, out) if chars <= max_chars else None
+
+
+def usage_in(doc: Mapping[str, Any], capture: Callable[[Mapping[str, Any] | None, Usage], None]) -> Usage:
+    """A fresh Usage with what `capture` (the surface's usage reader) finds in a reply's `usage`."""
+    usage, out = doc.get("usage"), Usage()
+    capture(usage if isinstance(usage, Mapping) else None, out)
+    return out
 
 
 def record_usage(into: Usage, prompt: int, completion: int, cached: int) -> None:

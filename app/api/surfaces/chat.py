@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import WarmRequest, leading_then_user, positive_int
+from app.api.surfaces.base import WarmRequest, leading_then_user, positive_int, warm_within
 from app.api.surfaces.openai import OpenAISurface, media_free_parts
 from app.context import Operation
 from app.errors import bad_request
@@ -103,13 +103,8 @@ class ChatSurface(OpenAISurface):
         if head is None:
             return None
         out: dict[str, Any] = {"messages": head, "max_tokens": 1, "stream": False}
-        size = sum(content_chars(m.get("content")) for m in head)
-        for name in RENDER_FIELDS:
-            if body.get(name) is not None:
-                out[name] = body[name]
-                if name == "tools":
-                    size += len(orjson.dumps(body[name]))
-        return WarmRequest("/v1/chat/completions", out) if size <= max_chars else None
+        chars = sum(content_chars(m.get("content")) for m in head)
+        return warm_within("/v1/chat/completions", body, out, RENDER_FIELDS, chars, max_chars)
 
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
         """A trailing system message, or a block appended to the last user turn."""

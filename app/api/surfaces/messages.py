@@ -21,6 +21,8 @@ from app.api.surfaces.base import (
     record_usage,
     stream_flag,
     usage_count,
+    usage_in,
+    warm_within,
 )
 from app.api.surfaces.openai import rewrite_model
 from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
@@ -234,24 +236,17 @@ class MessagesSurface:
         if head is None:
             return None
         out: dict[str, Any] = {"messages": head, "max_tokens": 1, "stream": False}
-        for name in _RENDER_FIELDS:
-            if body.get(name) is not None:
-                out[name] = body[name]
         thinking, config = body.get("thinking"), body.get("output_config")
         if isinstance(thinking, dict) and thinking.get("type") == "disabled":
             out["thinking"] = thinking  # enabled needs a budget below max_tokens, and renders nothing
         if isinstance(config, dict) and config.get("effort") is not None:
             out["output_config"] = {"effort": config["effort"]}
-        size = content_chars(body.get("system")) + _block_chars(head[0].get("content"))
-        if body.get("tools"):
-            size += len(orjson.dumps(body["tools"]))
-        return WarmRequest("/v1/messages", out) if size <= max_chars else None
+        chars = content_chars(body.get("system")) + _block_chars(head[0].get("content"))
+        return warm_within("/v1/messages", body, out, _RENDER_FIELDS, chars, max_chars)
 
     def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
         """A message's `usage` (cache reads and writes counted into the prompt)."""
-        usage, out = doc.get("usage"), Usage()
-        capture_messages_usage(usage if isinstance(usage, Mapping) else None, out)
-        return out
+        return usage_in(doc, capture_messages_usage)
 
     def upstream_body(
         self, body: dict[str, Any], *, served_model: str, priority: int | None, cache_salt: str | None

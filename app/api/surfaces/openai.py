@@ -17,6 +17,7 @@ from app.api.surfaces.base import (
     record_usage,
     stream_flag,
     usage_count,
+    usage_in,
 )
 from app.api.surfaces.sse import ModelRewrite, event_parts
 from app.context import RequestContext, Usage
@@ -224,9 +225,7 @@ class OpenAISurface:
 
     def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
         """`usage` of a complete body."""
-        usage, out = doc.get("usage"), Usage()
-        capture_usage(usage if isinstance(usage, Mapping) else None, out)
-        return out
+        return usage_in(doc, capture_usage)
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
         """None: only the chat-style surfaces have a prefix worth pre-warming."""

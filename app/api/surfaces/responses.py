@@ -16,6 +16,8 @@ from app.api.surfaces.base import (
     record_usage,
     stream_flag,
     usage_count,
+    usage_in,
+    warm_within,
 )
 from app.api.surfaces.openai import OpenAISurface
 from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
@@ -202,22 +204,15 @@ class ResponsesSurface(OpenAISurface):
         head: Any = items if isinstance(items, str) else leading_then_user(items, _LEADING_ROLES)
         if head is None:
             return None
-        size = len(head) if isinstance(head, str) else sum(_item_text_chars(item) for item in head)
-        out: dict[str, Any] = {"input": head, "max_output_tokens": 1, "stream": False, "store": False}
-        for name in _RENDER_FIELDS:
-            if body.get(name) is not None:
-                out[name] = body[name]
+        chars = len(head) if isinstance(head, str) else sum(_item_text_chars(item) for item in head)
         if isinstance(body.get("instructions"), str):
-            size += len(body["instructions"])
-        if body.get("tools"):
-            size += len(orjson.dumps(body["tools"]))
-        return WarmRequest("/v1/responses", out) if size <= max_chars else None
+            chars += len(body["instructions"])
+        out: dict[str, Any] = {"input": head, "max_output_tokens": 1, "stream": False, "store": False}
+        return warm_within("/v1/responses", body, out, _RENDER_FIELDS, chars, max_chars)
 
     def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
         """A response object's `usage`."""
-        usage, out = doc.get("usage"), Usage()
-        capture_response_usage(usage if isinstance(usage, Mapping) else None, out)
-        return out
+        return usage_in(doc, capture_response_usage)
 
     def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
         """Usage, id and status of a complete response object."""
