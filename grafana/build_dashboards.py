@@ -693,21 +693,25 @@ COST = Dashboard(
                     "replay endpoint; gaps without replays mean its view stays incomplete.",
                 ),
                 Panel(
-                    "KV index size by gateway",
+                    "KV index size",
                     "timeseries",
-                    (Target("sum by (instance) (gateway_kv_events_index_blocks)", "{{instance}}"),),
+                    (
+                        Target("max(gateway_kv_events_index_blocks)", "largest"),
+                        Target("min(gateway_kv_events_index_blocks)", "smallest"),
+                    ),
                     unit="short",
                     width=8,
-                    description="Blocks in each gateway process's KV index (every replica it subscribes to).",
+                    description="Blocks in the gateway processes' KV indexes (each process and worker keeps "
+                    "its own, of every replica it subscribes to): the largest and the smallest.",
                 ),
                 Panel(
                     "kv_events picks that fell back",
                     "timeseries",
-                    (Target(f"sum by (instance) (rate(gateway_kv_events_fallbacks_total[{RI}]))", "{{instance}}"),),
+                    (Target(f"sum(rate(gateway_kv_events_fallbacks_total[{RI}]))", "fallbacks"),),
                     unit="reqps",
                     width=8,
                     description="Picks of the kv_events policy that fell back to prefix affinity per second "
-                    "(a replica's view incomplete, or no tokenizer render), by gateway process.",
+                    "(a replica's view incomplete, or no tokenizer render), over all gateway processes.",
                 ),
                 Panel(
                     "Replicas discovered by pool",
