@@ -1,7 +1,7 @@
 """Write kvgate's Grafana dashboards (grafana/dashboards/*.json) from the panel lists below.
 
 The JSON is generated so that layout, datasource references and template-variable filters stay uniform
-across ~40 panels; tests/deploy/ checks the committed JSON is this script's output and evaluates every
+across ~50 panels; tests/deploy/ checks the committed JSON is this script's output and evaluates every
 query against a real Prometheus.   Run:  python grafana/build_dashboards.py
 """
 
@@ -644,6 +644,162 @@ COST = Dashboard(
                     width=8,
                     description="Each tenant's share of the tokens (uncached prompt + output) its pool admitted: "
                     "the currency the fair queue equalizes (by weight) while the pool is saturated.",
+                ),
+            ),
+        ),
+        Row(
+            "Cluster: KV events, discovery and pre-warm",
+            (
+                # The KV-event series carry the replica (its URL), not the pool: these panels show every pool.
+                Panel(
+                    "KV-event view complete by replica",
+                    "timeseries",
+                    (Target("min by (replica) (gateway_kv_events_whole)", "{{replica}}"),),
+                    unit="none",
+                    width=8,
+                    decimals=0,
+                    description="1 while a replica's KV-event stream is whole (connected, caught up, no unfilled "
+                    "gap) in every gateway process; 0: kv_events routing falls back to prefix affinity for it.",
+                ),
+                Panel(
+                    "KV-event lag by replica",
+                    "timeseries",
+                    (Target("max by (replica) (gateway_kv_events_lag_seconds)", "{{replica}}"),),
+                    unit="s",
+                    width=8,
+                    description="Age of the newest event batch when it arrived, worst gateway process.",
+                ),
+                Panel(
+                    "KV events applied by replica",
+                    "timeseries",
+                    (Target(f"sum by (replica) (rate(gateway_kv_events_received_total[{RI}]))", "{{replica}}"),),
+                    unit="short",
+                    width=8,
+                    description="KV-cache events (blocks stored, removed, cleared) applied to the gateways' "
+                    "indexes per second, summed over the gateway processes.",
+                ),
+                Panel(
+                    "KV-event gaps and replays by replica",
+                    "timeseries",
+                    (
+                        Target(f"sum by (replica) (rate(gateway_kv_events_gaps_total[{RI}]))", "{{replica}} gaps"),
+                        Target(
+                            f"sum by (replica) (rate(gateway_kv_events_replays_total[{RI}]))", "{{replica}} replays"
+                        ),
+                    ),
+                    unit="short",
+                    width=8,
+                    description="Sequence gaps seen in a replica's stream per second, and catch-ups from its "
+                    "replay endpoint; gaps without replays mean its view stays incomplete.",
+                ),
+                Panel(
+                    "KV index size",
+                    "timeseries",
+                    (
+                        Target("max(gateway_kv_events_index_blocks)", "largest"),
+                        Target("min(gateway_kv_events_index_blocks)", "smallest"),
+                    ),
+                    unit="short",
+                    width=8,
+                    description="Blocks in the gateway processes' KV indexes (each process and worker keeps "
+                    "its own, of every replica it subscribes to): the largest and the smallest.",
+                ),
+                Panel(
+                    "kv_events picks that fell back",
+                    "timeseries",
+                    (Target(f"sum(rate(gateway_kv_events_fallbacks_total[{RI}]))", "fallbacks"),),
+                    unit="reqps",
+                    width=8,
+                    description="Picks of the kv_events policy that fell back to prefix affinity per second "
+                    "(a replica's view incomplete, or no tokenizer render), over all gateway processes.",
+                ),
+                Panel(
+                    "Replicas discovered by pool",
+                    "timeseries",
+                    (Target(f"max by (pool) (gateway_discovery_replicas{{{P}}})", "{{pool}}"),),
+                    unit="short",
+                    width=8,
+                    decimals=0,
+                    description="Replicas each discovering pool's source (DNS, EndpointSlices) lists now; "
+                    "pools with a static replica list have no series.",
+                ),
+                Panel(
+                    "Discovery read errors and changes by pool",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool) (rate(gateway_discovery_errors_total{{{P}}}[{RI}]))", "{{pool}} errors"
+                        ),
+                        Target(
+                            f"sum by (pool) (rate(gateway_discovery_changes_total{{{P}}}[{RI}]))", "{{pool}} changes"
+                        ),
+                    ),
+                    unit="short",
+                    width=8,
+                    description="Discovery reads that failed per second (the pool kept its last replicas), and "
+                    "changes of its replica set.",
+                ),
+                Panel(
+                    "Pre-warm runs by result",
+                    "bargauge",
+                    (
+                        Target(
+                            f"sort_desc(sum by (pool, result) (increase(gateway_prewarm_runs_total{{{P}}}"
+                            f"[$__range])))",
+                            "{{pool}} {{result}}",
+                        ),
+                    ),
+                    unit="short",
+                    width=8,
+                    decimals=0,
+                    description="Pre-warms of joining replicas over the time range: done, budget (ran out of "
+                    "time), failed, aborted (bad probe, replica left), skipped (the pool needed it at once).",
+                ),
+                Panel(
+                    "Pre-warm replays by outcome",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool, outcome) (rate(gateway_prewarm_requests_total{{{P}}}[{RI}]))",
+                            "{{pool}} {{outcome}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    width=8,
+                    stack=True,
+                    description="Prefix replays sent to joining replicas: ok, skipped (a 4xx for that prefix), "
+                    "failed (ends the pre-warm).",
+                ),
+                Panel(
+                    "Pre-warm tokens cached vs uncached",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool, type) (rate(gateway_prewarm_tokens_total{{{P}}}[{RI}]))",
+                            "{{pool}} {{type}}",
+                        ),
+                    ),
+                    unit="short",
+                    width=8,
+                    stack=True,
+                    description="Replayed prompt tokens per second: uncached ones are the prefill the joining "
+                    "replica did ahead of its traffic, cached ones were already there.",
+                ),
+                Panel(
+                    "Mean time held for pre-warm",
+                    "bargauge",
+                    (
+                        # Cumulative, not over the range: pre-warms are rare and a rate of one run is empty.
+                        Target(
+                            f"sum by (pool, result) (gateway_prewarm_duration_seconds_sum{{{P}}}) / "
+                            f"sum by (pool, result) (gateway_prewarm_duration_seconds_count{{{P}}})",
+                            "{{pool}} {{result}}",
+                        ),
+                    ),
+                    unit="s",
+                    width=8,
+                    description="Mean time a joining replica was held out of rotation while prefixes were "
+                    "replayed, since the gateway processes started (at most routing.prewarm.budget_s).",
                 ),
             ),
         ),

@@ -35,6 +35,7 @@ from app.prewarm.config import PrewarmConfig
 from app.prewarm.memory import Prefix, PrefixMemory
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.state import ClusterState, ReplicaState
+from app.telemetry import instruments as ins
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,11 @@ class Prewarmer:
         self._duration: Histogram | None = None
         self._tokens: Counter | None = None
         if meter is not None:
-            self._requests = meter.create_counter("gateway.prewarm.requests", "{request}", "Replays by outcome")
-            self._runs = meter.create_counter("gateway.prewarm.runs", "{run}", "Pre-warms of joining replicas")
-            self._duration = meter.create_histogram("gateway.prewarm.duration", "s", "Time a replica was held")
-            self._tokens = meter.create_counter("gateway.prewarm.tokens", "{token}", "Replayed prompt tokens by type")
+            req, runs, dur, tok = ins.PREWARM_REQUESTS, ins.PREWARM_RUNS, ins.PREWARM_DURATION, ins.PREWARM_TOKENS
+            self._requests = meter.create_counter(req.name, req.unit, req.description)
+            self._runs = meter.create_counter(runs.name, runs.unit, runs.description)
+            self._duration = meter.create_histogram(dur.name, dur.unit, dur.description)
+            self._tokens = meter.create_counter(tok.name, tok.unit, tok.description)
 
     async def start(self) -> None:
         """Open the replays' own connection pool (requests to other replicas never wait behind it)."""

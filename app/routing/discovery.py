@@ -28,6 +28,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from app.config_models import GatewayConfig, ReplicaEvents
 from app.routing.discovery_config import DiscoveryConfig, KubernetesSelector
+from app.telemetry import instruments as ins
 
 log = logging.getLogger(__name__)
 
@@ -334,12 +335,9 @@ class Discoverer:
             for name, pool in self.pools.items():
                 yield Observation(pool.changes, {"pool": name})
 
-        meter.create_observable_gauge(
-            "gateway.discovery.replicas", [replicas], "{replica}", "Replicas the pool's discovery source lists now"
-        )
-        meter.create_observable_counter(
-            "gateway.discovery.errors", [errors], "{read}", "Discovery reads that failed (the pool kept its replicas)"
-        )
-        meter.create_observable_counter(
-            "gateway.discovery.changes", [changes], "{change}", "Times discovery changed the pool's replica set"
-        )
+        for spec, callback, create in (
+            (ins.DISCOVERY_REPLICAS, replicas, meter.create_observable_gauge),
+            (ins.DISCOVERY_ERRORS, errors, meter.create_observable_counter),
+            (ins.DISCOVERY_CHANGES, changes, meter.create_observable_counter),
+        ):
+            create(spec.name, [callback], spec.unit, spec.description)

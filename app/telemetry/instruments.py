@@ -98,6 +98,53 @@ ALL_METRICS = (
     TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN,
 )  # fmt: skip
 
+# Instruments the components owning the state register on the OTel meter themselves (observed at each
+# collection, or the pre-warmer's own counters), and their kind: the dashboards query them too. Unit "1" is
+# avoided on gauges: the collector appends `_ratio` to those and the SDK's exporter does not.
+KV_EVENTS_RECEIVED = MetricSpec(
+    "gateway.kv_events.received", "{event}", "KV-cache events applied to the index, per replica", ("replica",)
+)
+KV_EVENTS_GAPS = MetricSpec(
+    "gateway.kv_events.gaps", "{gap}", "Sequence gaps seen in a replica's event stream", ("replica",)
+)
+KV_EVENTS_REPLAYS = MetricSpec(
+    "gateway.kv_events.replays", "{replay}", "Catch-ups from a replica's replay endpoint", ("replica",)
+)
+KV_EVENTS_LAG = MetricSpec("gateway.kv_events.lag", "s", "Age of the newest event batch when it arrived", ("replica",))
+KV_EVENTS_WHOLE = MetricSpec(
+    "gateway.kv_events.whole", "", "1 while a replica's event view is complete (else kv_events falls back for it)",
+    ("replica",),
+)  # fmt: skip
+KV_EVENTS_INDEX_BLOCKS = MetricSpec("gateway.kv_events.index_blocks", "{block}", "Blocks in the gateway's KV index")
+KV_EVENTS_FALLBACKS = MetricSpec(
+    "gateway.kv_events.fallbacks", "{pick}", "kv_events picks that fell back to prefix affinity"
+)
+DISCOVERY_REPLICAS = MetricSpec(
+    "gateway.discovery.replicas", "{replica}", "Replicas the pool's discovery source lists now", ("pool",)
+)
+DISCOVERY_ERRORS = MetricSpec(
+    "gateway.discovery.errors", "{read}", "Discovery reads that failed (the pool kept its replicas)", ("pool",)
+)
+DISCOVERY_CHANGES = MetricSpec(
+    "gateway.discovery.changes", "{change}", "Times discovery changed the pool's replica set", ("pool",)
+)
+PREWARM_REQUESTS = MetricSpec("gateway.prewarm.requests", "{request}", "Replays by outcome", ("pool", "outcome"))
+PREWARM_RUNS = MetricSpec("gateway.prewarm.runs", "{run}", "Pre-warms of joining replicas", ("pool", "result"))
+# The SDK's default bucket boundaries (its meter, not the MetricStore): the kind below says histogram.
+PREWARM_DURATION = MetricSpec("gateway.prewarm.duration", "s", "Time a replica was held", ("pool", "result"))
+PREWARM_TOKENS = MetricSpec(
+    "gateway.prewarm.tokens", "{token}", "Replayed prompt tokens by type", ("pool", "type")
+)
+
+# (spec, kind): kind is counter | gauge | histogram, as the Prometheus exporters type the family.
+METER_METRICS = (
+    (KV_EVENTS_RECEIVED, "counter"), (KV_EVENTS_GAPS, "counter"), (KV_EVENTS_REPLAYS, "counter"),
+    (KV_EVENTS_LAG, "gauge"), (KV_EVENTS_WHOLE, "gauge"), (KV_EVENTS_INDEX_BLOCKS, "gauge"),
+    (KV_EVENTS_FALLBACKS, "counter"), (DISCOVERY_REPLICAS, "gauge"), (DISCOVERY_ERRORS, "counter"),
+    (DISCOVERY_CHANGES, "counter"), (PREWARM_REQUESTS, "counter"), (PREWARM_RUNS, "counter"),
+    (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"),
+)  # fmt: skip
+
 # The Prometheus family name of each metric (histograms expose _bucket/_sum/_count under it).
 PROMETHEUS_NAMES = {
     TENANT_COST.name: "gateway_tenant_cost_usd_total",
@@ -117,6 +164,20 @@ PROMETHEUS_NAMES = {
     OPERATION_DURATION.name: "gen_ai_client_operation_duration_seconds",
     TIME_TO_FIRST_TOKEN.name: "gen_ai_server_time_to_first_token_seconds",
     TIME_PER_OUTPUT_TOKEN.name: "gen_ai_server_time_per_output_token_seconds",
+    KV_EVENTS_RECEIVED.name: "gateway_kv_events_received_total",
+    KV_EVENTS_GAPS.name: "gateway_kv_events_gaps_total",
+    KV_EVENTS_REPLAYS.name: "gateway_kv_events_replays_total",
+    KV_EVENTS_LAG.name: "gateway_kv_events_lag_seconds",
+    KV_EVENTS_WHOLE.name: "gateway_kv_events_whole",
+    KV_EVENTS_INDEX_BLOCKS.name: "gateway_kv_events_index_blocks",
+    KV_EVENTS_FALLBACKS.name: "gateway_kv_events_fallbacks_total",
+    DISCOVERY_REPLICAS.name: "gateway_discovery_replicas",
+    DISCOVERY_ERRORS.name: "gateway_discovery_errors_total",
+    DISCOVERY_CHANGES.name: "gateway_discovery_changes_total",
+    PREWARM_REQUESTS.name: "gateway_prewarm_requests_total",
+    PREWARM_RUNS.name: "gateway_prewarm_runs_total",
+    PREWARM_DURATION.name: "gateway_prewarm_duration_seconds",
+    PREWARM_TOKENS.name: "gateway_prewarm_tokens_total",
 }
 
 

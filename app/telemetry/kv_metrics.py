@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from app.kvcache.subscriber import KvEventsHub
+from app.telemetry import instruments as ins
 
 
 def register_kv_metrics(meter: Meter, hub: KvEventsHub) -> None:
@@ -22,30 +23,30 @@ def register_kv_metrics(meter: Meter, hub: KvEventsHub) -> None:
         return callback
 
     meter.create_observable_counter(
-        "gateway.kv_events.received", [per_replica(lambda u: hub.stats(u).events)], "{event}",
-        "KV-cache events applied to the index, per replica",
+        ins.KV_EVENTS_RECEIVED.name, [per_replica(lambda u: hub.stats(u).events)], ins.KV_EVENTS_RECEIVED.unit,
+        ins.KV_EVENTS_RECEIVED.description,
     )  # fmt: skip
     meter.create_observable_counter(
-        "gateway.kv_events.gaps", [per_replica(lambda u: hub.stats(u).gaps)], "{gap}",
-        "Sequence gaps seen in a replica's event stream",
+        ins.KV_EVENTS_GAPS.name, [per_replica(lambda u: hub.stats(u).gaps)], ins.KV_EVENTS_GAPS.unit,
+        ins.KV_EVENTS_GAPS.description,
     )  # fmt: skip
     meter.create_observable_counter(
-        "gateway.kv_events.replays", [per_replica(lambda u: hub.stats(u).replays)], "{replay}",
-        "Catch-ups from a replica's replay endpoint",
+        ins.KV_EVENTS_REPLAYS.name, [per_replica(lambda u: hub.stats(u).replays)], ins.KV_EVENTS_REPLAYS.unit,
+        ins.KV_EVENTS_REPLAYS.description,
     )  # fmt: skip
     meter.create_observable_gauge(
-        "gateway.kv_events.lag", [per_replica(lambda u: hub.stats(u).lag_s)], "s",
-        "Age of the newest event batch when it arrived",
+        ins.KV_EVENTS_LAG.name, [per_replica(lambda u: hub.stats(u).lag_s)], ins.KV_EVENTS_LAG.unit,
+        ins.KV_EVENTS_LAG.description,
     )  # fmt: skip
     meter.create_observable_gauge(
-        "gateway.kv_events.whole", [per_replica(lambda u: 1.0 if hub.is_whole(u) else 0.0)], "1",
-        "1 while a replica's event view is complete (else kv_events falls back for it)",
+        ins.KV_EVENTS_WHOLE.name, [per_replica(lambda u: 1.0 if hub.is_whole(u) else 0.0)], ins.KV_EVENTS_WHOLE.unit,
+        ins.KV_EVENTS_WHOLE.description,
     )  # fmt: skip
     meter.create_observable_gauge(
-        "gateway.kv_events.index_blocks", [lambda o: [Observation(hub.index_size())]], "{block}",
-        "Blocks in the gateway's KV index",
+        ins.KV_EVENTS_INDEX_BLOCKS.name, [lambda o: [Observation(hub.index_size())]], ins.KV_EVENTS_INDEX_BLOCKS.unit,
+        ins.KV_EVENTS_INDEX_BLOCKS.description,
     )  # fmt: skip
     meter.create_observable_counter(
-        "gateway.kv_events.fallbacks", [lambda o: [Observation(hub.fallbacks)]], "{pick}",
-        "kv_events picks that fell back to prefix affinity",
+        ins.KV_EVENTS_FALLBACKS.name, [lambda o: [Observation(hub.fallbacks)]], ins.KV_EVENTS_FALLBACKS.unit,
+        ins.KV_EVENTS_FALLBACKS.description,
     )  # fmt: skip

@@ -59,6 +59,7 @@ def register_queue_metrics(meter: Meter, queues: Mapping[str, AdmissionQueue]) -
         "Slots of the cap kept for tenants under their fair share (sized from their arrivals; absent: no cap)",
     )  # fmt: skip
     meter.create_observable_gauge(
-        "gateway.queue.saturated", [per_pool(lambda q: 1.0 if q.saturation.saturated else 0.0)], "1",
+        # No unit "1": the collector would name it gateway_queue_saturated_ratio, the SDK's exporter not.
+        "gateway.queue.saturated", [per_pool(lambda q: 1.0 if q.saturation.saturated else 0.0)], "",
         "1 while the pool counts as saturated (the queue engages)",
     )  # fmt: skip

@@ -239,6 +239,9 @@ def prometheus_name(name: str, unit: str, kind: str) -> str:
         base = f"{base}_{suffix}"
     if kind == "counter" and not base.endswith("_total"):
         base += "_total"
+    # The collector's translator (prometheus/otlptranslator) marks unit-"1" gauges as ratios; the SDK's does not.
+    if kind == "gauge" and unit == "1" and not base.endswith("_ratio"):
+        base += "_ratio"
     return base
 
 

@@ -420,9 +420,14 @@ def _kind(spec: Any) -> str:
     return "histogram" if spec.buckets is not None else "counter"
 
 
+def _specs_and_kinds() -> list[tuple[Any, str]]:
+    """Every metric the gateway exposes with its Prometheus kind: the MetricStore's and those on the meter."""
+    return [(spec, _kind(spec)) for spec in inst.ALL_METRICS] + list(inst.METER_METRICS)
+
+
 def test_collector_names_of_gateway_metrics_are_the_names_the_gateway_states() -> None:
-    for spec in inst.ALL_METRICS:
-        assert prometheus_name(spec.name, spec.unit, _kind(spec)) == inst.PROMETHEUS_NAMES[spec.name]
+    for spec, kind in _specs_and_kinds():
+        assert prometheus_name(spec.name, spec.unit, kind) == inst.PROMETHEUS_NAMES[spec.name]
 
 
 def _label(name: str) -> str:
@@ -437,10 +442,10 @@ _VLLM_LABELS = {"model_name", "engine", "pool", "le", "finished_reason", "positi
 def _allowed_labels() -> dict[str, set[str]]:
     """Prometheus series name → label names it can carry."""
     out: dict[str, set[str]] = {}
-    for spec in inst.ALL_METRICS:
+    for spec, kind in _specs_and_kinds():
         labels = {_label(n) for n in getattr(spec, "labels", ())} | _COMMON_LABELS
         family = inst.PROMETHEUS_NAMES[spec.name]
-        if spec.buckets is not None:
+        if kind == "histogram":
             out |= {f"{family}_bucket": labels | {"le"}, f"{family}_sum": labels, f"{family}_count": labels}
         else:
             out[family] = labels
@@ -470,9 +475,9 @@ def test_dashboard_queries_use_only_labels_their_metrics_carry(path: Any) -> Non
 
 def _exposed_families() -> set[str]:
     names = set()
-    for spec in inst.ALL_METRICS:
+    for spec, kind in _specs_and_kinds():
         family = inst.PROMETHEUS_NAMES[spec.name]
-        if spec.buckets is not None:
+        if kind == "histogram":
             names |= {f"{family}_bucket", f"{family}_sum", f"{family}_count"}
         else:
             names.add(family)
@@ -505,6 +510,8 @@ def test_prometheus_name_translation_matches_the_collector_rules() -> None:
     assert prometheus_name("gateway.tenant.cost", "USD", "counter") == "gateway_tenant_cost_USD_total"
     assert prometheus_name("gen_ai.client.token.usage", "{token}", "histogram") == "gen_ai_client_token_usage"
     assert prometheus_name("http.server.duration", "s", "histogram") == "http_server_duration_seconds"
+    assert prometheus_name("gateway.queue.saturated", "1", "gauge") == "gateway_queue_saturated_ratio"
+    assert prometheus_name("gateway.kv_events.whole", "", "gauge") == "gateway_kv_events_whole"
     assert prometheus_name("queue.latency.seconds", "s", "histogram") == "queue_latency_seconds"
     assert prometheus_name("net.io", "By/s", "gauge") == "net_io_bytes_per_second"
 

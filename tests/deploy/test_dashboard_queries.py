@@ -1,6 +1,7 @@
 """Every dashboard query, evaluated by a real Prometheus scraping a real gateway (on a Redis store, as in
-compose) in front of two `kvgate sim` engines after traffic: each must parse and return data. A panel on a
-metric nobody exports fails.
+compose) in front of `kvgate sim` engines publishing KV events after traffic: each must parse and return data.
+A panel on a metric nobody exports fails. The bulk pool is discovered (DNS), and a second fast engine starts
+after the traffic, so the cluster panels see a discovered pool, a joining replica's pre-warm and event streams.
 
 Prometheus runs with config/prometheus.yml itself, targets rewritten to loopback ports: the collector's
 exporter is stood in for by the gateway's own /metrics (same instruments, same OTel → Prometheus naming;
@@ -57,24 +58,44 @@ class Stack:
     logs: Path
 
 
-def _gateway_config(fast: int, bulk: int, port: int, otlp: str, store: dict[str, Any]) -> dict[str, Any]:
+def _events(ports: dict[str, int], sim: str) -> tuple[str, str]:
+    """The KV-event PUB and replay ports of a sim, as the gateway connects to them."""
+    return f"tcp://127.0.0.1:{ports[sim + '-kv']}", f"tcp://127.0.0.1:{ports[sim + '-replay']}"
+
+
+def _gateway_config(ports: dict[str, int], otlp: str, store: dict[str, Any]) -> dict[str, Any]:
     price = {"gpu_hour_usd": 2.50, "gpus": 1}
+    fast = [
+        {"url": f"http://127.0.0.1:{ports[sim]}", "kv_events": _events(ports, sim)[0],
+         "kv_replay": _events(ports, sim)[1], "kv_topic": "kv"}
+        for sim in ("vllm-fast", "vllm-fast-2")
+    ]  # fmt: skip
     return {
-        "listen": {"host": "127.0.0.1", "port": port},
+        "listen": {"host": "127.0.0.1", "port": ports["gateway"]},
         "store": store,
         "models": [{"name": MODEL, "pools": ["fast", "bulk"]}],
         "pools": {
             "fast": {
                 "role": "interactive",
                 "served_model": MODEL,
-                "replicas": [f"http://127.0.0.1:{fast}"],
+                # The second replica's engine starts after the traffic: it joins, and is pre-warmed.
+                "replicas": fast,
                 "priority_scheduling": True,
                 "price": {**price, "capacity_tokens_per_s": 1500},
             },
             "bulk": {
                 "role": "bulk",
                 "served_model": MODEL,
-                "replicas": [f"http://127.0.0.1:{bulk}"],
+                # Found by discovery (an address resolves to itself), for the discovery panels.
+                "discovery": {
+                    "dns": f"127.0.0.1:{ports['vllm-bulk']}",
+                    "interval_s": 0.5,
+                    "kv_events": {
+                        "endpoint": f"tcp://{{host}}:{ports['vllm-bulk-kv']}",
+                        "replay": f"tcp://{{host}}:{ports['vllm-bulk-replay']}",
+                        "topic": "kv",
+                    },
+                },
                 # Unattainable TTFT SLO: once bulk has a TTFT estimate it counts as saturated, so bulk
                 # requests borrow the idle fast pool and the spill-over panel has something to show.
                 "ttft_slo_ms": 0.001,
@@ -180,6 +201,29 @@ def _traffic(base: str) -> None:
         time.sleep(0.5 * SCRAPE_S)
 
 
+def _join_a_replica(es: ExitStack, logs: Path, kvgate: list[str], ports: dict[str, int], gateway: str) -> None:
+    """Start the fast pool's second engine after more distinct prefixes were routed (under prefix affinity it is
+    warmed with those it becomes the home of, about half), and wait for its pre-warm to end."""
+    for i in range(8):
+        _chat(gateway, "acme", "interactive", 20 + i, stream=False)
+    proc = _spawn(es, logs, "sim-fast-2", _sim_argv(kvgate, ports, "vllm-fast-2", []))
+    _wait_http(f"http://127.0.0.1:{ports['vllm-fast-2']}/health", proc, logs, "sim-fast-2")
+    deadline = time.monotonic() + 30
+    while "gateway_prewarm_runs_total{" not in httpx.get(f"{gateway}/metrics", timeout=5).text:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no pre-warm run:\n{(logs / 'gateway.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def _sim_argv(kvgate: list[str], ports: dict[str, int], sim: str, extra: list[str]) -> list[str]:
+    """A sim that publishes KV events and answers replays, as the shipped engines do."""
+    return [
+        *kvgate, "sim", "--port", str(ports[sim]), "--model", MODEL, "--profile", "h100-8b", *extra,
+        "--kv-events", f"tcp://*:{ports[sim + '-kv']}", "--kv-replay", f"tcp://*:{ports[sim + '-replay']}",
+        "--kv-topic", "kv",
+    ]  # fmt: skip
+
+
 def _query(prom: str, expr: str) -> dict[str, Any]:
     r = httpx.post(f"{prom}/api/v1/query", data={"query": expr}, timeout=10)
     body: dict[str, Any] = r.json()
@@ -211,24 +255,23 @@ def _redis(workdir: Path) -> Iterator[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("deploy-stack")
-    ports = {name: free_port() for name in ("vllm-fast", "vllm-bulk", "gateway", "localhost")}
+    sims = ("vllm-fast", "vllm-fast-2", "vllm-bulk")
+    names = ("gateway", "localhost", *sims, *(f"{n}-kv" for n in sims), *(f"{n}-replay" for n in sims))
+    ports = {name: free_port() for name in names}
     ports["otel-collector"] = ports["gateway"]  # the gateway's /metrics stands in for the collector exporter
     kvgate = [sys.executable, "-m", "app.cli"]
     with ExitStack() as es, otlp_receiver() as (otlp_url, received), _redis(logs) as store:
-        sims = {}
+        running = {}
         for pool, extra in (
             ("fast", ["--speculative", "ngram:3:0.7", "--scheduling-policy", "priority"]),
             ("bulk", []),
         ):
-            port = ports[f"vllm-{pool}"]
-            argv = [*kvgate, "sim", "--port", str(port), "--model", MODEL, "--profile", "h100-8b", *extra]
-            sims[pool] = (_spawn(es, logs, f"sim-{pool}", argv), port)
-        for pool, (proc, port) in sims.items():
+            argv = _sim_argv(kvgate, ports, f"vllm-{pool}", extra)
+            running[pool] = (_spawn(es, logs, f"sim-{pool}", argv), ports[f"vllm-{pool}"])
+        for pool, (proc, port) in running.items():
             _wait_http(f"http://127.0.0.1:{port}/health", proc, logs, f"sim-{pool}")
         cfg_path = logs / "gateway.yaml"
-        cfg_path.write_text(
-            yaml.safe_dump(_gateway_config(sims["fast"][1], sims["bulk"][1], ports["gateway"], otlp_url, store))
-        )
+        cfg_path.write_text(yaml.safe_dump(_gateway_config(ports, otlp_url, store)))
         gw = _spawn(es, logs, "gateway", [*kvgate, "serve", "--config", str(cfg_path)])
         gateway = f"http://127.0.0.1:{ports['gateway']}"
         _wait_http(f"{gateway}/ready", gw, logs, "gateway")
@@ -243,6 +286,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _wait_http(f"{prometheus}/-/ready", prom, logs, "prometheus")
         time.sleep(2 * SCRAPE_S)  # a baseline scrape before traffic, so rate() sees the increase
         _traffic(gateway)
+        _join_a_replica(es, logs, kvgate, ports, gateway)
         # Wait until a scrape after the burst is in, then for two more.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -359,3 +403,15 @@ def test_spill_panel_shows_real_borrows_not_only_its_zero_line(stack: Stack) -> 
     # The panel's `or … * 0` arm hides "No data"; here bulk borrows the idle fast pool (see the config).
     body = _query(stack.prometheus, 'sum by (reason) (gateway_route_decisions_total{reason=~"spill.*|borrow.*"})')
     assert {s["metric"]["reason"] for s in body["data"]["result"]} >= {"borrow_idle_interactive"}
+
+
+def test_prewarm_and_kv_event_panels_show_a_real_run_and_real_events(stack: Stack) -> None:
+    # A zero rate is data too: these pin that the stack really pre-warmed a replica and streamed events.
+    runs = _query(stack.prometheus, "sum by (pool, result) (gateway_prewarm_runs_total)")["data"]["result"]
+    assert {(s["metric"]["pool"], s["metric"]["result"]) for s in runs} == {("fast", "done")}
+    replays = _query(stack.prometheus, 'sum(gateway_prewarm_requests_total{outcome="ok"})')["data"]["result"]
+    assert replays and float(replays[0]["value"][1]) >= 1
+    events = _query(stack.prometheus, "sum by (replica) (gateway_kv_events_received_total) > 0")["data"]["result"]
+    assert len(events) == 3, "every engine's events reached the gateway"
+    found = _query(stack.prometheus, "gateway_discovery_replicas")["data"]["result"]
+    assert [(s["metric"]["pool"], s["value"][1]) for s in found] == [("bulk", "1")]

@@ -66,7 +66,8 @@ def test_cost_dashboard_has_tenant_and_pool_variables_from_gateway_metrics() -> 
 def test_cost_dashboard_rows_cover_the_operator_page() -> None:
     data = _load("kvgate-cost.json")
     rows = [p["title"] for p in data["panels"] if p["type"] == "row"]
-    assert rows == ["Spend", "Tokens and prefix cache", "Latency", "Routing and limits"]
+    cluster = "Cluster: KV events, discovery and pre-warm"
+    assert rows == ["Spend", "Tokens and prefix cache", "Latency", "Routing and limits", cluster]
     targets = dashboard_targets(ROOT / "grafana" / "dashboards" / "kvgate-cost.json")
     queried = set().union(*(metric_names(e) for _, e in targets))
     must = {
@@ -74,13 +75,19 @@ def test_cost_dashboard_rows_cover_the_operator_page() -> None:
         "gateway_tenant_tokens_total", "vllm:prefix_cache_hits_total", "vllm:spec_decode_num_accepted_tokens_total",
         "gen_ai_server_time_to_first_token_seconds_bucket", "gen_ai_server_time_per_output_token_seconds_bucket",
         "gateway_route_decisions_total", "gateway_rate_limited_total", "gateway_overhead_seconds_bucket",
+        "gateway_kv_events_whole", "gateway_kv_events_lag_seconds", "gateway_kv_events_gaps_total",
+        "gateway_kv_events_replays_total", "gateway_kv_events_index_blocks", "gateway_kv_events_fallbacks_total",
+        "gateway_discovery_replicas", "gateway_prewarm_runs_total", "gateway_prewarm_requests_total",
+        "gateway_prewarm_tokens_total", "gateway_prewarm_duration_seconds_sum",
     }  # fmt: skip
     assert must <= queried
 
 
 # Metrics without a pool label, panels about whole pools on purpose, and panels about requests answered
 # before routing (they have no pool).
-NO_POOL_LABEL = {"gateway_rate_limited_total", "gateway_normalize_moved_spans_total"}
+NO_POOL_LABEL = {"gateway_rate_limited_total", "gateway_normalize_moved_spans_total"} | {
+    inst.PROMETHEUS_NAMES[spec.name] for spec, _ in inst.METER_METRICS if "pool" not in spec.labels
+}
 PRE_ROUTING_PANELS = {"429s by tenant"}
 TENANT_LABELLED = {
     inst.PROMETHEUS_NAMES[spec.name] + suffix
