@@ -41,6 +41,7 @@ import random
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ class Record:
     prompt_tokens: int = 0
     output_tokens: int = 0
     gateway_wait: float | None = None  # the gateway's own `queued=` (x-kvgate-route), seconds real
+    rid: str = ""  # x-request-id, which the gateway forwards and the sim's step trace keys on
+    sent_at: float = 0.0  # perf_counter (CLOCK_MONOTONIC, the sims' clock too) when the client sent it
 
 
 @dataclass
@@ -160,7 +163,7 @@ class Client:
         }  # fmt: skip
         if self.priority:
             body["priority"] = PRIORITY[rec.tenant]
-        start = time.perf_counter()
+        start = rec.sent_at = time.perf_counter()
         if self.queue is None:
             await self._send(rec, body, start, t0)
             return
@@ -176,7 +179,7 @@ class Client:
 
     async def _send(self, rec: Record, body: dict[str, object], start: float, t0: float) -> None:
         replica = min(self.replicas, key=lambda r: r.in_flight)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "x-request-id": rec.rid}
         if self.keys is not None:
             headers["Authorization"] = f"Bearer {self.keys[rec.tenant]}"
         replica.in_flight += 1
@@ -283,7 +286,7 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
                 await asyncio.sleep(delay)
             # A unique first word per request: random prompts from a small pool would otherwise hit the cache.
             prompt = f"r{i} " + prompts[i % len(prompts)]
-            rec = Record(tenant, at)
+            rec = Record(tenant, at, rid=f"{tenant}-{i}")
             tasks.append((rec, asyncio.create_task(client.request(rec, prompt, args.prompt_tokens, t0))))
         delay = t0 + args.duration / ts - time.perf_counter()
         if delay > 0:
@@ -417,10 +420,28 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
 # ------------------------------------------------------------------------------------------------ main
 
 
+def dump_trace(args: argparse.Namespace, arm: ArmResult, sims: Sequence[str]) -> None:
+    """Write the client's records and each sim's step trace (GET /sim/step_trace) to <--step-trace>/<arm>.json."""
+    sim_traces = []
+    for url in sims:
+        with urllib.request.urlopen(url + "/sim/step_trace", timeout=30) as resp:  # the arm is over: nothing to block
+            sim_traces.append(orjson.loads(resp.read()))
+    clients = [{"rid": r.rid, "tenant": r.tenant, "arrival": r.arrival, "sent_at": r.sent_at, "ttft": r.ttft,
+                "gateway_wait": r.gateway_wait, "cut_off": r.cut_off, "error": r.error}
+               for r in arm.records]  # fmt: skip
+    out = Path(args.step_trace) / f"{arm.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps({"arm": arm.name, "time_scale": args.time_scale, "warmup": args.warmup,
+                                  "clients": clients, "sims": sim_traces}))  # fmt: skip
+    print(f"    step trace: {out}", flush=True)
+
+
 def sims_for(args: argparse.Namespace, tag: str, priority: bool, log_dir: Path) -> list[Proc]:
     """Fresh sims for one arm."""
     sim_args = ["--profile", "h100-8b", "--max-num-seqs", str(args.max_num_seqs), "--seed", "1",
                 "--no-enable-prompt-tokens-details"]  # fmt: skip
+    if args.step_trace:
+        sim_args.append("--step-trace")
     if priority:
         sim_args += ["--scheduling-policy", "priority"]
     return [sim_proc(f"{tag}{i}", sim_args, time_scale=args.time_scale, log_dir=log_dir)
@@ -472,6 +493,8 @@ async def direct(args: argparse.Namespace) -> None:
                                 priority=priority)  # fmt: skip
             print(f"    {time.perf_counter() - t:.0f} s real", flush=True)
             results.append(res)
+            if args.step_trace:
+                dump_trace(args, res, [s.url for s in sims])
         finally:
             for s in sims:
                 s.stop()
@@ -522,6 +545,8 @@ async def via_gateway(args: argparse.Namespace) -> None:
                                 keys=GATEWAY_KEYS, gateway=gw.url)  # fmt: skip
             print(f"    {time.perf_counter() - t:.0f} s real", flush=True)
             results.append(res)
+            if args.step_trace:
+                dump_trace(args, res, [s.url for s in sims])
         finally:
             if gw is not None:
                 gw.stop()
@@ -560,6 +585,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace-every", type=float, default=0.5, help="sample sims and gateway, modeled seconds")
     p.add_argument("--timeline", action="store_true", help="print the sampled series of every arm")
+    p.add_argument("--step-trace", default=None, metavar="DIR",
+                   help="run the sims with --step-trace and write each arm's records and step traces to DIR "
+                        "(read them with experiments/fair_queue_replay.py)")
     p.add_argument("--via-gateway", action="store_true", help="every arm through a kvgate serve in front of the sims")
     args = p.parse_args()
     if math.isclose(args.time_scale, 0):

@@ -27,6 +27,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="a model folder (tokenizer.json + chat template: chat prompts tokenized as the gateway "
                         "predicts them) or a tokenizer.json (default: built-in scheme)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-trace", action="store_true",
+                   help="record every engine step and each request's first token; GET /sim/step_trace returns them")
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--no-enable-prompt-tokens-details", dest="enable_prompt_tokens_details",
@@ -70,6 +72,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         max_model_len=args.max_model_len,
         speculative=args.speculative,
         time_scale=args.time_scale,
+        step_trace=args.step_trace,
         tokenizer=args.tokenizer,
         seed=args.seed,
         scheduling_policy=args.scheduling_policy,

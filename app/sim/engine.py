@@ -18,9 +18,10 @@ from app.kvcache.hashing import HashAlgo
 from app.kvcache.publisher import BUFFER_STEPS, KvEventPublisher
 from app.sim.kv_cache import DEFAULT_HASH_ALGO, BlockPool
 from app.sim.metrics import EngineMetrics
-from app.sim.profiles import Profile
+from app.sim.profiles import Profile, StepCost
 from app.sim.request import SimRequest, Status
 from app.sim.scheduler import Scheduler, SchedulerConfig
+from app.sim.steptrace import StepTrace
 
 OUTPUT_TABLE_LEN = 8192
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class EngineConfig:
     kv_replay: str | None = None  # its ROUTER replay endpoint
     kv_topic: str = ""
     kv_buffer_steps: int = BUFFER_STEPS
+    step_trace: bool = False  # record every step and each request's way to its first token (app.sim.steptrace)
 
 
 class OutputStream:
@@ -117,6 +119,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
         self.healthy = True
+        self.trace: StepTrace | None = StepTrace() if config.step_trace else None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -221,9 +224,12 @@ class Engine:
         return stream
 
     def _enqueue(self, stream: OutputStream) -> None:
+        trace = self.trace
         for req in stream.reqs:
             if req.status is not Status.FINISHED:  # not aborted in the meantime
                 self.scheduler.add(req)
+                if trace is not None:
+                    trace.enqueued(id(req), req.rid, req.arrival, time.monotonic(), req.num_prompt)
         self._wake.set()
 
     def abort(self, stream: OutputStream) -> None:
@@ -234,6 +240,8 @@ class Engine:
             if req.status is not Status.FINISHED:
                 self.scheduler.abort(req)
                 self._observe_finished(req, now)
+                if self.trace is not None:
+                    self.trace.dropped(id(req))
         stream.event.set()
 
     def token_at(self, req: SimRequest, k: int) -> int:
@@ -288,7 +296,14 @@ class Engine:
                     await asyncio.wait_for(self._wake.wait(), 0.05)
                 continue
             m.iteration.observe(sum(s.num_new for s in batch))
-            dt = profile.step_time(sched.step_cost(batch))
+            cost = sched.step_cost(batch)
+            dt = profile.step_time(cost)
+            # Before the step runs: which of its requests are prefilling (after it, they have a token).
+            prefills, scheduled_at = None, 0.0
+            if self.trace is not None:
+                # time.monotonic, not loop.time: uvloop's clock has millisecond steps, the request times do not.
+                prefills = [s.req for s in batch if s.req.num_tokens - s.req.num_computed != 1]
+                scheduled_at = time.monotonic()
             m.modeled_s += dt
             end = t0 + dt / scale
             delay = end - loop.time()
@@ -302,7 +317,10 @@ class Engine:
                 m.lateness_s += max(after - prev_after - dt / scale, 0.0)
             prev_end, prev_after = end, after
             now = time.monotonic()
+            index = sched.counters.steps
             produced, finished = sched.finish_step(batch, self.token_at, now)
+            if self.trace is not None and prefills is not None:
+                self._trace_step(self.trace, index, prefills, produced, (scheduled_at, t0, dt, now), cost)
             self.publish_events()
             self._observe(produced, finished, now)
             for req, count in produced:
@@ -314,6 +332,18 @@ class Engine:
                         log.exception("output consumer failed; aborting %s", req.rid)
                         for stream in self._streams_of(req):
                             self.abort(stream)
+
+    def _trace_step(self, trace: StepTrace, index: int, prefills: list[SimRequest],
+                    produced: list[tuple[SimRequest, int]], times: tuple[float, float, float, float],
+                    cost: StepCost) -> None:  # fmt: skip
+        scheduled_at, start, modeled_s, ended_at = times
+        for req in prefills:
+            trace.scheduled(id(req), index, scheduled_at, max(req.cached_tokens, 0))
+        for req, count in produced:
+            if req.num_output == count:
+                trace.first_token(id(req), index, ended_at)
+        trace.step(index, scheduled_at, start, modeled_s, ended_at, len(prefills), cost.prefill_tokens,
+                   cost.decode_seqs, len(self.scheduler.waiting))  # fmt: skip
 
     def _streams_of(self, req: SimRequest) -> list[OutputStream]:
         emit = req.emit

@@ -48,6 +48,7 @@ class SimOptions:
     max_model_len: int | None = None
     speculative: str | None = None  # "ngram:K:ACCEPT"
     time_scale: float = 1.0
+    step_trace: bool = False  # record steps and requests for GET /sim/step_trace (app.sim.steptrace)
     # A model folder (tokenizer.json + chat template, as app.kvcache.tokens reads it): chat prompts rendered and
     # tokenized exactly as a gateway with the same folder predicts. A tokenizer.json file: its ids with the
     # built-in ChatML template. None: the built-in stable scheme.

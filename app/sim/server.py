@@ -242,6 +242,12 @@ def create_sim_app(options: SimOptions) -> Starlette:
         ok = st.engine.reset_prefix_cache()
         return Response(orjson.dumps({"success": ok}), media_type="application/json")
 
+    async def step_trace(_: Request) -> Response:
+        trace = st.engine.trace
+        if trace is None:
+            return JSONResponse({"detail": "start the sim with --step-trace"}, status_code=404)
+        return Response(orjson.dumps(trace.snapshot(options.time_scale)), media_type="application/json")
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await st.engine.start()
@@ -265,6 +271,7 @@ def create_sim_app(options: SimOptions) -> Starlette:
         Route("/v1/chat/completions/render", tok.render_chat, methods=["POST"]),
         Route("/v1/completions/render", tok.render_completion, methods=["POST"]),
         Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+        Route("/sim/step_trace", step_trace, methods=["GET"]),
         Route("/v1/chat/completions", chat),
         Route("/v1/completions", completions),
         Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),

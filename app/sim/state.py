@@ -33,6 +33,7 @@ class SimState:
                 kv_blocks=options.num_kv_blocks(),
                 block_size=options.resolved_block_size(),
                 time_scale=options.time_scale,
+                step_trace=options.step_trace,
                 seed=options.seed,
                 enable_prefix_caching=options.enable_prefix_caching,
                 mean_output_tokens=options.mean_output_tokens,
