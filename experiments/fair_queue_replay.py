@@ -153,8 +153,8 @@ def report(path: Path, max_num_seqs: int, budget: int) -> None:
     steps = [s for sim in data["sims"] for s in sim["steps"]]
     late = [(s[4] - s[1]) - s[3] / ts for s in steps]  # scheduled -> ended (monotonic) vs the model
     print(f"  steps: {len(steps)}; wall - modeled per step (modeled ms) mean {1000 * ts * sum(late) / len(late):.2f}, "
-          f"p99 {1000 * ts * percentile(late, 99):.2f}, max {1000 * ts * max(late):.2f} (negative: a step scheduled after "
-          f"its nominal start, the previous step's end, still ends on time)")
+          f"p99 {1000 * ts * percentile(late, 99):.2f}, max {1000 * ts * max(late):.2f} "
+          f"(negative: a step scheduled after its nominal start, the previous step's end, still ends on time)")
     model = replay(data, max_num_seqs, budget)
     light = [r for r in rows if r["tenant"] == "light" and r["rid"] in model]
     measured = [r["seg"]["queue"] + r["seg"]["prefill"] for r in light]
