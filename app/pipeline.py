@@ -275,7 +275,8 @@ class Gateway:
             if queue is None:
                 return
             try:
-                ctx.queue_ticket = ticket = await queue.acquire(tenant.id, rclass, predicted_tokens(ctx))
+                ctx.queue_ticket = ticket = await queue.acquire(tenant.id, rclass, predicted_tokens(ctx),
+                                                                watch_first_token=ctx.stream)  # fmt: skip
             except AdmissionRejected as err:
                 degrade = queue.cfg.on_exceed == "degrade" and rclass == "interactive" and ctx.pinned is None
                 self.telemetry.record_limited(ctx, "queue", "degrade" if degrade else "reject")

@@ -65,6 +65,7 @@ class StreamRelay:
         ctx = self.ctx
         splice: Splicer | None = None
         clean = failed = False
+        watched = ctx.queue_ticket  # told once when the first token passes (the admission's prefill gate)
         try:
             while True:
                 observer, replica = self.observer, self._lease.replica
@@ -75,6 +76,9 @@ class StreamRelay:
                         out = [kept for event in batch if (kept := observer.observe(event)) is not None]
                         if ctx.timing.first_token and not replica.ttft_ewma_s:
                             replica.on_first_token(ctx.timing.first_token - ctx.timing.upstream_start)
+                        if watched is not None and ctx.timing.first_token:
+                            watched.first_token()
+                            watched = None
                         if out:
                             if self._journal is not None:
                                 self._journal.extend(out)

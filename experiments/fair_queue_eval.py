@@ -456,6 +456,7 @@ def queue_config(args: argparse.Namespace, arm: str) -> AdmissionConfig:
                            reserve_per_replica=args.reserve if reserve else 0,
                            reserve_max_per_replica=args.reserve_max if reserve else 0,
                            pace_over_share=0.0 if arm.endswith("unpaced") else args.pace,
+                           over_share_prefills_per_replica=0 if arm.endswith("unpaced") else args.prefill_gate,
                            deadline_s={"interactive": 2.0 / ts, "bulk": args.bulk_deadline / ts},
                            max_queue_len=args.max_queue_len)  # fmt: skip
 
@@ -579,6 +580,8 @@ def main() -> None:
                    help="fair queue: reserve_max_per_replica, the demand-sized reserve's ceiling")
     p.add_argument("--pace", type=float, default=AdmissionConfig().pace_over_share,
                    help="fair queue: pace_over_share (0: over-share starts unpaced)")
+    p.add_argument("--prefill-gate", type=int, default=AdmissionConfig().over_share_prefills_per_replica,
+                   help="fair queue: over_share_prefills_per_replica (0: over-share starts not held for first tokens)")
     p.add_argument("--bulk-deadline", type=float, default=30.0, help="fair queue: bulk deadline, modeled s")
     p.add_argument("--max-queue-len", type=int, default=1024)
     p.add_argument("--time-scale", type=float, default=0.5)

@@ -24,6 +24,7 @@ from types import TracebackType
 from app.admission.config import AdmissionConfig, RouteClass
 from app.admission.limit import learn_capacity, next_limit
 from app.admission.pace import EventRate, demand_reserve, pace_gap_s
+from app.admission.prefill import PrefillGate
 from app.admission.saturation import ReplicaLoad, Saturation, assess
 from app.admission.ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
 from app.admission.vtc import Entry, VirtualTokenCounter
@@ -35,15 +36,16 @@ CallLater = Callable[[float, Callable[[], None]], object]  # (delay s, callback)
 
 
 class _Waiter:
-    __slots__ = ("enqueued_at", "future", "route_class", "tenant", "timer", "tokens")
+    __slots__ = ("enqueued_at", "future", "route_class", "tenant", "timer", "tokens", "watch")
 
     def __init__(self, tenant: str, route_class: RouteClass, tokens: int, future: asyncio.Future[Ticket],
-                 now: float) -> None:  # fmt: skip
+                 now: float, watch: bool) -> None:  # fmt: skip
         self.tenant = tenant
         self.route_class = route_class
         self.tokens = tokens
         self.future = future
         self.enqueued_at = now
+        self.watch = watch
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -52,16 +54,16 @@ class _Admission:
 
     __slots__ = ("_args", "_queue", "_ticket")
 
-    def __init__(self, queue: AdmissionQueue, args: tuple[str, RouteClass, int, float | None]) -> None:
+    def __init__(self, queue: AdmissionQueue, args: tuple[str, RouteClass, int, float | None, bool]) -> None:
         self._queue = queue
         self._args = args
         self._ticket: Ticket | None = None
 
     async def __aenter__(self) -> Ticket:
-        tenant, route_class, tokens, deadline_s = self._args
-        ticket = self._queue.try_admit(tenant, route_class, tokens)
+        tenant, route_class, tokens, deadline_s, watch = self._args
+        ticket = self._queue.try_admit(tenant, route_class, tokens, watch_first_token=watch)
         if ticket is None:
-            ticket = await self._queue.wait(tenant, route_class, tokens, deadline_s)
+            ticket = await self._queue.wait(tenant, route_class, tokens, deadline_s, watch_first_token=watch)
         self._ticket = ticket
         return ticket
 
@@ -87,6 +89,8 @@ class AdmissionQueue:
         self._under_arrivals = EventRate()  # requests of tenants under their share that arrived while capped
         self._paced_until = 0.0  # no over-share start before this (clock time)
         self._pace_timer: object | None = None
+        self._pace_due = 0.0  # when the latest armed pace timer fires
+        self._prefills = PrefillGate(cfg.first_token_hold_s)  # watched over-share starts without a first token
         # --- metrics and state, read-only for others ---
         self.in_flight = 0  # tickets granted and not released
         self.in_flight_tokens = 0  # their predicted tokens
@@ -100,20 +104,25 @@ class AdmissionQueue:
         self.rejected: dict[tuple[str, RejectReason], int] = {}
 
     # ------------------------------------------------------------------------------------------ entry points
-    def admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
-              deadline_s: float | None = None) -> _Admission:  # fmt: skip
-        """`async with` this: yields a Ticket once the request may start; raises AdmissionRejected."""
-        return _Admission(self, (tenant, route_class, predicted_tokens, deadline_s))
+    def admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, deadline_s: float | None = None,
+              *, watch_first_token: bool = False) -> _Admission:  # fmt: skip
+        """`async with` this: yields a Ticket once the request may start; raises AdmissionRejected.
+
+        With `watch_first_token` the caller promises Ticket.first_token() when the response's first token
+        passes (a stream): the prefill gate then counts the request until then."""
+        return _Admission(self, (tenant, route_class, predicted_tokens, deadline_s, watch_first_token))
 
     async def acquire(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
-                      deadline_s: float | None = None) -> Ticket:  # fmt: skip
+                      deadline_s: float | None = None, *, watch_first_token: bool = False) -> Ticket:  # fmt: skip
         """The Ticket without a context manager (for a stream that outlives the handler); release() it."""
-        ticket = self.try_admit(tenant, route_class, predicted_tokens)
+        ticket = self.try_admit(tenant, route_class, predicted_tokens, watch_first_token=watch_first_token)
         if ticket is None:
-            ticket = await self.wait(tenant, route_class, predicted_tokens, deadline_s)
+            ticket = await self.wait(tenant, route_class, predicted_tokens, deadline_s,
+                                     watch_first_token=watch_first_token)  # fmt: skip
         return ticket
 
-    def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int) -> Ticket | None:
+    def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, *,
+                  watch_first_token: bool = False) -> Ticket | None:  # fmt: skip
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
         if not self.cfg.enabled:
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
@@ -125,15 +134,15 @@ class AdmissionQueue:
             self._under_arrivals.add(self._clock())  # only while capped: the fast path pays nothing
         if len(self._sched) == 0 and self._room(tenant, predicted_tokens):
             self._sched.serve_direct(tenant, predicted_tokens)
-            return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
+            return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False, watch=watch_first_token)
         return None
 
     async def wait(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
-                   deadline_s: float | None = None) -> Ticket:  # fmt: skip
+                   deadline_s: float | None = None, *, watch_first_token: bool = False) -> Ticket:  # fmt: skip
         """Queue the request until it may start; AdmissionRejected on a full queue or at the deadline."""
         deadline = self.cfg.deadline_s.for_class(route_class) if deadline_s is None else deadline_s
         loop = asyncio.get_running_loop()
-        w = _Waiter(tenant, route_class, predicted_tokens, loop.create_future(), self._clock())
+        w = _Waiter(tenant, route_class, predicted_tokens, loop.create_future(), self._clock(), watch_first_token)
         self._enqueue(w)
         w.timer = loop.call_later(max(deadline, 0.0), self._expire, w)
         self._pump()
@@ -197,8 +206,8 @@ class AdmissionQueue:
         limit = self.limit
         if limit is not None:
             if not self._under_share(tenant, limit):
-                if self._paced_until > self._clock():
-                    return False  # over its share and the last such start was too recent: no burst
+                if self._over_share_held_until() > self._clock():
+                    return False  # over its share and the last such start too recent, or not prefilled yet
                 if self.reserve:
                     limit = max(limit - self.reserve, 1)  # the reserved slots are for tenants under their share
             if self.in_flight >= limit:
@@ -216,17 +225,34 @@ class AdmissionQueue:
         total_w = sum(sched.weight(t) for t in active) + self.cfg.default_weight
         return self.tenant_in_flight.get(tenant, 0) * total_w < limit * sched.weight(tenant)
 
-    def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool) -> Ticket:
+    def _over_share_held_until(self) -> float:
+        """No over-share start before this: the pacing gap, and the prefill gate while it is full."""
+        per_replica = self.cfg.over_share_prefills_per_replica
+        if not per_replica or not len(self._prefills):
+            return self._paced_until
+        allowed = per_replica * max(1, self.saturation.replicas)
+        return max(self._paced_until, self._prefills.held_until(self._clock(), allowed))
+
+    def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool,
+               watch: bool = False) -> Ticket:  # fmt: skip
         # Only while capped (saturated): the fast path below saturation pays nothing for it.
         over = self.limit is not None and not self._under_share(tenant, self.limit)
-        if over and self.cfg.pace_over_share:
-            now = self._clock()
-            self._paced_until = now + pace_gap_s(self._releases.per_s(now), self.cfg.pace_over_share)
         self.in_flight += 1
         self.in_flight_tokens += tokens
         self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
         self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + tokens
-        return Ticket(self, tenant, route_class, tokens, waited_s, queued, over)
+        ticket = Ticket(self, tenant, route_class, tokens, waited_s, queued, over)
+        if over:
+            now = self._clock()
+            if self.cfg.pace_over_share:
+                self._paced_until = now + pace_gap_s(self._releases.per_s(now), self.cfg.pace_over_share)
+            if watch and self.cfg.over_share_prefills_per_replica:
+                self._prefills.start(ticket, now)
+        return ticket
+
+    def _first_token(self, ticket: Ticket) -> None:
+        if self._prefills.done(ticket) and len(self._sched):
+            self._pump()
 
     def _release(self, ticket: Ticket) -> None:
         self.in_flight -= 1
@@ -237,6 +263,7 @@ class AdmissionQueue:
         else:
             del self.tenant_in_flight[ticket.tenant]
         self._releases.add(self._clock())
+        self._prefills.done(ticket)
         if len(self._sched):
             self._pump()
 
@@ -293,17 +320,23 @@ class AdmissionQueue:
             self.waits.setdefault(w.tenant, WaitStats()).add(waited)
             if self._on_wait is not None:
                 self._on_wait(w.tenant, w.route_class, waited)
-            w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, queued=True))
+            w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, queued=True, watch=w.watch))
 
     def _arm_pace_timer(self) -> None:
-        """Pump again when the pacing lets the next over-share request start (one timer at a time)."""
-        delay = self._paced_until - self._clock()
-        if delay <= 0 or self._pace_timer is not None or self.limit is None or self.in_flight >= self.limit:
+        """Pump again when the pacing or the prefill gate lets the next over-share request start (one timer at
+        a time, unless an earlier one is needed; a first token pumps by itself)."""
+        due = self._over_share_held_until()
+        delay = due - self._clock()
+        if delay <= 0 or self.limit is None or self.in_flight >= self.limit:
             return
+        if self._pace_timer is not None and self._pace_due <= due:
+            return
+        self._pace_due = due
         self._pace_timer = self._call_later(delay, self._on_pace_timer)
 
     def _on_pace_timer(self) -> None:
         self._pace_timer = None
+        self._pace_due = 0.0
         if len(self._sched):
             self._pump()
 

@@ -73,6 +73,11 @@ class Ticket:
         """What the tenant's fair share is charged: the prediction, or the actual cost once settled."""
         return self.predicted_tokens + self._correction
 
+    def first_token(self) -> None:
+        """The response's first token has passed (a watched stream): the prefill gate may let the next start go."""
+        if not self._released:
+            self._queue._first_token(self)
+
     def settle(self, actual_tokens: int) -> None:
         """Correct the tenant's charge with what the request really cost (uncached prompt + output); once."""
         if self._settled:

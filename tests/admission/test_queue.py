@@ -384,3 +384,59 @@ async def test_without_declared_slots_the_fast_path_sends_until_a_scrape_says_sa
     q.on_state_change([FakeReplica(running=0)])
     assert q.capacity is None
     assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(20))
+
+
+async def test_an_over_share_start_waits_for_the_previous_ones_first_token() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
+                          over_share_prefills_per_replica=1, first_token_hold_s=1.0)  # fmt: skip
+    q, _ = await capped_flood(cfg, clock, timers)
+    first = q.try_admit("heavy", "bulk", 1, watch_first_token=True)
+    assert first is not None and first.over_share
+    waiter = asyncio.create_task(q.acquire("heavy", "bulk", 1, watch_first_token=True))
+    await settle_loop()
+    assert not waiter.done()  # a slot is free, but the flood's previous start has not prefilled yet
+    assert [round(d, 3) for d, _ in timers.pending] == [1.0]  # the hold's bound, not forever
+    first.first_token()
+    await settle_loop()
+    assert waiter.done()
+    light = q.try_admit("light", "bulk", 1, watch_first_token=True)
+    assert light is not None and not light.over_share  # a tenant under its share is never held
+
+
+async def test_a_start_whose_first_token_is_never_seen_holds_the_flood_only_for_the_hold() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
+                          over_share_prefills_per_replica=1, first_token_hold_s=0.5)  # fmt: skip
+    q, _ = await capped_flood(cfg, clock, timers)
+    assert q.try_admit("heavy", "bulk", 1, watch_first_token=True) is not None
+    waiter = asyncio.create_task(q.acquire("heavy", "bulk", 1, watch_first_token=True))
+    await settle_loop()
+    clock.advance(0.5)
+    timers.fire()
+    await settle_loop()
+    assert waiter.done()
+
+
+async def test_unwatched_requests_and_an_uncapped_pool_are_not_gated() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
+                          over_share_prefills_per_replica=1)  # fmt: skip
+    q, _ = await capped_flood(cfg, clock, timers)
+    assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(3))  # not streams: nothing to watch
+    idle = AdmissionQueue(cfg, clock=clock, call_later=timers)
+    assert all(idle.try_admit("heavy", "bulk", 1, watch_first_token=True) is not None for _ in range(3))
+
+
+async def test_releasing_a_start_before_its_first_token_opens_the_gate() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
+                          over_share_prefills_per_replica=1)  # fmt: skip
+    q, _ = await capped_flood(cfg, clock, timers)
+    first = q.try_admit("heavy", "bulk", 1, watch_first_token=True)
+    assert first is not None
+    waiter = asyncio.create_task(q.acquire("heavy", "bulk", 1, watch_first_token=True))
+    await settle_loop()
+    first.release()  # an upstream error before any token
+    await settle_loop()
+    assert waiter.done()
