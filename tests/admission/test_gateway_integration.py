@@ -240,3 +240,26 @@ def test_degrade_serves_a_refused_interactive_request_as_bulk_on_the_bulk_pool()
             for t in threads:
                 t.join(20)
             wait_for(lambda: idle(queue))
+
+
+def test_a_stream_tells_its_ticket_of_the_first_token_once_while_it_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.admission.ticket import Ticket
+
+    calls: list[bool] = []
+    real = Ticket.first_token
+    monkeypatch.setattr(Ticket, "first_token", lambda self: (calls.append(self._released), real(self))[1])
+    with gateway_on_sim({}, max_num_seqs=4) as (base, gw):
+        queue = gw.queues["main"]
+        client(base).chat.completions.create(model=PUBLIC_MODEL, messages=MESSAGES, max_tokens=4)
+        assert calls == []  # not a stream: nothing watched (its release ends it)
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json={
+            "model": PUBLIC_MODEL, "messages": MESSAGES, "max_tokens": LONG, "stream": True, "ignore_eos": True,
+        }, timeout=10) as r:  # fmt: skip
+            lines = r.iter_lines()
+            for _ in range(6):
+                next(lines)
+            assert calls == [False] and queue.in_flight == 1  # told at the first token, the slot still held
+            for _ in lines:
+                pass
+        wait_for(lambda: idle(queue))
+        assert calls == [False]
