@@ -366,8 +366,9 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
         f"{args.prompt_tokens} tokens (uncached), {args.output_tokens} output tokens (ignore_eos); Poisson light "
         f"{light_rate:g} req/s, heavy {heavy_rate:g} req/s; {args.duration:g} s per arm, measured after "
         f"{w:g} s, drain {args.drain:g} s; fair queue: max_waiting_per_replica {args.max_waiting}, reserve "
-        f"{args.reserve}..{args.reserve_max} per replica, pace {args.pace:g}, bulk deadline {args.bulk_deadline:g} s, "
-        f"scrape every {args.probe_interval:g} s; times in modeled time, seed {args.seed}"
+        f"{args.reserve}..{args.reserve_max} per replica, pace {args.pace:g}, prefill gate {args.prefill_gate}, "
+        f"bulk deadline {args.bulk_deadline:g} s, scrape every {args.probe_interval:g} s; times in modeled time, "
+        f"seed {args.seed}"
     )
     base_ttft = light.get("alone", {}).get("ttft_p99")
     base_tps = by["no_queue"].tokens_per_s if "no_queue" in by else None
