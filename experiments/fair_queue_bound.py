@@ -44,6 +44,10 @@ class Policy:
     per_step: int = UNBOUNDED
     quiet: bool = False
     pace: float = 0.0  # heavy starts at most `pace` x the recent completion rate (the gateway's pacing), 0: off
+    # The gateway's own clock (app.admission): starts land anywhere inside a step, not only at step ends; each
+    # request reaches the engine `rtt` after its start and the gateway sees a first token `rtt` after its step.
+    clock: bool = False
+    gate: int = 0  # (clock) heavy starts only while fewer than this have no first token seen yet; 0: off
 
 
 def poisson(rate: float, until: float, rng: random.Random) -> Iterator[float]:
@@ -77,6 +81,8 @@ class Model:
 
     def run(self, light: list[float], heavy: list[float], policy: Policy) -> list[float]:
         """Step the engine with a gateway in front that starts requests as `policy` says; light TTFTs (s)."""
+        if policy.clock:
+            return self.run_clocked(light, heavy, policy)
         overhead = self.profile.request_overhead_s
         events = sorted([(t, LIGHT) for t in light] + [(t, HEAVY) for t in heavy])
         sched, now, i = self.sched, 0.0, 0
@@ -118,6 +124,64 @@ class Model:
                 done.append(now)
         return ttft
 
+    def run_clocked(self, light: list[float], heavy: list[float], policy: Policy) -> list[float]:
+        """As `run`, with starts timed on the gateway's clock (between steps too) and a round trip each way."""
+        overhead, rtt = self.profile.request_overhead_s, self.args.rtt
+        events = sorted([(t, LIGHT) for t in light] + [(t, HEAVY) for t in heavy])
+        sched, now, prev, i = self.sched, 0.0, 0.0, 0
+        heavy_waiting: deque[float] = deque()
+        sent: list[tuple[float, int, SimRequest, str]] = []  # (reaches the engine at, seq, request, tenant)
+        done: deque[float] = deque(maxlen=64)
+        paced_until = gate_open_at = 0.0
+        unprefilled = 0  # heavy starts whose first token the gateway has not seen
+        ttft: list[float] = []
+        while now < self.args.duration:
+            while i < len(events) and events[i][0] <= now:
+                at, who = events[i]
+                i += 1
+                if who == LIGHT and len(self.tenant) < policy.cap:
+                    self._send(sent, self.request(at), LIGHT, at + rtt)  # under its share: sent on arrival
+                else:
+                    heavy_waiting.append(at)  # (a light request over the cap would wait: not at these rates)
+            t = max(paced_until, gate_open_at, prev)  # the earliest a heavy start could have happened since
+            while (heavy_waiting and len(self.tenant) < policy.cap - policy.headroom and t <= now
+                   and (not policy.gate or unprefilled < policy.gate)):  # fmt: skip
+                self._send(sent, self.request(max(heavy_waiting.popleft(), t)), HEAVY, t + rtt)
+                unprefilled += 1
+                if policy.pace and len(done) >= 8 and done[-1] > done[0]:
+                    paced_until = t + (done[-1] - done[0]) / (len(done) - 1) / policy.pace
+                t = max(paced_until, gate_open_at, t)
+            sent.sort()
+            while sent and sent[0][0] <= now:
+                _, _, req, who = sent.pop(0)
+                req.status = Status.WAITING
+                sched.add(req)
+            if not sched.has_work():
+                nxt = min([e[0] for e in events[i : i + 1]] + [x[0] for x in sent[:1]] + [self.args.duration])
+                prev, now = now, max(nxt, now)
+                continue
+            batch = sched.schedule(now)
+            prev, now = now, now + self.profile.step_time(sched.step_cost(batch))
+            produced, finished = sched.finish_step(batch, lambda r, k: 11, now)
+            for req, count in produced:
+                self.generated += count
+                if req.num_output != count:
+                    continue
+                if self.tenant[req.seq] == LIGHT:
+                    if req.arrival >= self.args.warmup:
+                        ttft.append(now - req.arrival + overhead)
+                else:
+                    unprefilled -= 1
+                    gate_open_at = now + rtt
+            for req in finished:
+                del self.tenant[req.seq]
+                done.append(now)
+        return ttft
+
+    def _send(self, sent: list[tuple[float, int, SimRequest, str]], req: SimRequest, who: str, at: float) -> None:
+        self.tenant[req.seq] = who
+        sent.append((at, req.seq, req, who))
+
     def _add(self, req: SimRequest, who: str) -> None:
         self.tenant[req.seq] = who
         req.status = Status.WAITING
@@ -137,6 +201,9 @@ def main() -> None:
     p.add_argument("--headroom", type=int, default=2, help="slots kept free of heavy requests (reserve)")
     p.add_argument("--pace", type=float, nargs="*", default=[1.5, 2.0, 3.0],
                    help="heavy starts at most this many times the completion rate (the gateway's pacing)")
+    p.add_argument("--rtt", type=float, default=0.004,
+                   help="modeled s from a start to the engine queue, and from a first token to the gateway (the "
+                        "gateway's clock arms)")
     p.add_argument("--duration", type=float, default=600.0, help="modeled seconds (long: a p99 of many samples)")
     p.add_argument("--warmup", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
@@ -154,6 +221,10 @@ def main() -> None:
         "  + 1 heavy start/step": (light, heavy, Policy(cap, h, 1)),
         "  + quiet light prefill": (light, heavy, Policy(cap, h, 1, quiet=True)),
         **{f"cap {cap}, headroom {h}, paced {k:g}x": (light, heavy, Policy(cap, h, pace=k)) for k in args.pace},
+        **{f"  on the gateway's clock, {k:g}x": (light, heavy, Policy(cap, h, pace=k, clock=True))
+           for k in args.pace},
+        "  + prefill gate 1": (light, heavy, Policy(cap, h, pace=max(args.pace or [0]), clock=True, gate=1)),
+        "  prefill gate 1, unpaced": (light, heavy, Policy(cap, h, clock=True, gate=1)),
         "below (no queue)": (half_light, half_heavy, Policy()),
     }
     print(f"h100-8b step model, --max-num-seqs {args.max_num_seqs}, --max-num-batched-tokens "
