@@ -50,9 +50,10 @@ class AdmissionConfig(BaseModel):
     # While capped, requests of tenants over their share start at most this many times as fast as slots free
     # up, evenly spaced (0: off): the engine then never gets a burst of their prefills in one step.
     pace_over_share: float = Field(2.0, ge=0)
-    # ... and at most this many of them per replica may be started and not yet have streamed a first token (0:
-    # no limit): an engine step then holds no more of their prefills than that, however long its steps are
-    # (app.admission.prefill). A start stops counting after first_token_hold_s without a first token.
+    # ... and, while max_waiting_per_replica of them per replica wait in the gateway, at most this many of them
+    # per replica may be started and not yet have streamed a first token (0: no limit): an engine step then
+    # holds no more of their prefills than that, however long its steps are (app.admission.prefill). A start
+    # stops counting after first_token_hold_s without a first token.
     over_share_prefills_per_replica: int = Field(1, ge=0)
     first_token_hold_s: float = Field(1.0, gt=0)
     deadline_s: ClassDeadlines = ClassDeadlines()

@@ -226,11 +226,14 @@ class AdmissionQueue:
         return self.tenant_in_flight.get(tenant, 0) * total_w < limit * sched.weight(tenant)
 
     def _over_share_held_until(self) -> float:
-        """No over-share start before this: the pacing gap, and the prefill gate while it is full."""
-        per_replica = self.cfg.over_share_prefills_per_replica
-        if not per_replica or not len(self._prefills):
+        """No over-share start before this: the pacing gap, and the prefill gate while it is full and the gateway
+        holds a saturation threshold's worth of waiters (a sustained flood; a moment at the cap below saturation
+        drains at once, as the engine's own queue would have drained it)."""
+        cfg, replicas = self.cfg, max(1, self.saturation.replicas)
+        if (not cfg.over_share_prefills_per_replica or not len(self._prefills)
+                or len(self._sched) < cfg.max_waiting_per_replica * replicas):  # fmt: skip
             return self._paced_until
-        allowed = per_replica * max(1, self.saturation.replicas)
+        allowed = cfg.over_share_prefills_per_replica * replicas
         return max(self._paced_until, self._prefills.held_until(self._clock(), allowed))
 
     def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool,

@@ -386,36 +386,50 @@ async def test_without_declared_slots_the_fast_path_sends_until_a_scrape_says_sa
     assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(20))
 
 
+def gated(hold_s: float = 1.0) -> AdmissionConfig:
+    """Prefill gate of 1, no pacing, no reserve; the gate engages from one request waiting in the gateway."""
+    return AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0, max_waiting_per_replica=1,
+                           over_share_prefills_per_replica=1, first_token_hold_s=hold_s)  # fmt: skip
+
+
+async def flood_at_the_cap(q: AdmissionQueue, held: list[Ticket]) -> tuple[list[Ticket], list[asyncio.Task[Ticket]]]:
+    """The flood takes the 6 free slots (streams, no backlog yet: not gated), then 2 more wait; 1 slot frees."""
+    started = [q.try_admit("heavy", "bulk", 1, watch_first_token=True) for _ in range(6)]
+    assert all(t is not None and t.over_share for t in started)
+    waiters = [asyncio.create_task(q.acquire("heavy", "bulk", 1, watch_first_token=True)) for _ in range(2)]
+    await settle_loop()
+    held[0].release()
+    await settle_loop()
+    return [t for t in started if t is not None], waiters
+
+
 async def test_an_over_share_start_waits_for_the_previous_ones_first_token() -> None:
     clock, timers = FakeClock(), FakeTimers()
-    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
-                          over_share_prefills_per_replica=1, first_token_hold_s=1.0)  # fmt: skip
-    q, _ = await capped_flood(cfg, clock, timers)
-    first = q.try_admit("heavy", "bulk", 1, watch_first_token=True)
-    assert first is not None and first.over_share
-    waiter = asyncio.create_task(q.acquire("heavy", "bulk", 1, watch_first_token=True))
-    await settle_loop()
-    assert not waiter.done()  # a slot is free, but the flood's previous start has not prefilled yet
+    q, held = await capped_flood(gated(), clock, timers)
+    started, waiters = await flood_at_the_cap(q, held)
+    assert not any(w.done() for w in waiters)  # a slot is free, but the flood's starts have not prefilled yet
     assert [round(d, 3) for d, _ in timers.pending] == [1.0]  # the hold's bound, not forever
-    first.first_token()
+    for t in started:
+        t.first_token()
     await settle_loop()
-    assert waiter.done()
-    light = q.try_admit("light", "bulk", 1, watch_first_token=True)
-    assert light is not None and not light.over_share  # a tenant under its share is never held
+    assert [w.done() for w in waiters] == [True, False]  # the free slot: one start, which the gate then counts
+    held[1].release()
+    light = asyncio.create_task(q.acquire("light", "bulk", 1, watch_first_token=True))
+    await settle_loop()
+    assert light.done() and not waiters[1].done()  # the free slot goes to the tenant under its share, ungated
+    waiters[1].cancel()
 
 
 async def test_a_start_whose_first_token_is_never_seen_holds_the_flood_only_for_the_hold() -> None:
     clock, timers = FakeClock(), FakeTimers()
-    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
-                          over_share_prefills_per_replica=1, first_token_hold_s=0.5)  # fmt: skip
-    q, _ = await capped_flood(cfg, clock, timers)
-    assert q.try_admit("heavy", "bulk", 1, watch_first_token=True) is not None
-    waiter = asyncio.create_task(q.acquire("heavy", "bulk", 1, watch_first_token=True))
-    await settle_loop()
+    q, held = await capped_flood(gated(hold_s=0.5), clock, timers)
+    _, waiters = await flood_at_the_cap(q, held)
+    assert not waiters[0].done()
     clock.advance(0.5)
     timers.fire()
     await settle_loop()
-    assert waiter.done()
+    assert waiters[0].done()
+    waiters[1].cancel()
 
 
 async def test_unwatched_requests_and_an_uncapped_pool_are_not_gated() -> None:
@@ -430,13 +444,23 @@ async def test_unwatched_requests_and_an_uncapped_pool_are_not_gated() -> None:
 
 async def test_releasing_a_start_before_its_first_token_opens_the_gate() -> None:
     clock, timers = FakeClock(), FakeTimers()
-    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
+    q, held = await capped_flood(gated(), clock, timers)
+    started, waiters = await flood_at_the_cap(q, held)
+    assert not waiters[0].done()
+    for t in started:
+        t.release()  # upstream errors before any token
+    await settle_loop()
+    assert [w.done() for w in waiters] == [True, False]  # the gate now counts the one that went
+    waiters[0].result().release()
+    await settle_loop()
+    assert waiters[1].done()
+
+
+async def test_a_backlog_below_the_saturation_threshold_is_not_gated() -> None:
+    clock, timers = FakeClock(), FakeTimers()
+    cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0, max_waiting_per_replica=3,
                           over_share_prefills_per_replica=1)  # fmt: skip
-    q, _ = await capped_flood(cfg, clock, timers)
-    first = q.try_admit("heavy", "bulk", 1, watch_first_token=True)
-    assert first is not None
-    waiter = asyncio.create_task(q.acquire("heavy", "bulk", 1, watch_first_token=True))
-    await settle_loop()
-    first.release()  # an upstream error before any token
-    await settle_loop()
-    assert waiter.done()
+    q, held = await capped_flood(cfg, clock, timers)
+    _, waiters = await flood_at_the_cap(q, held)
+    assert waiters[0].done()  # two waiting, fewer than three: a moment at the cap, drained as slots free
+    waiters[1].cancel()
