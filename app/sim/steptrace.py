@@ -7,8 +7,8 @@ API-server overhead), the step that first scheduled it and the step that produce
 TTFT tail splits into "arrived late / in a burst" (the sender's doing) and "waited in the engine, in a step
 shared with N other prefills" (the batch's), and the wall time of each step against its model (the host's).
 
-Off by default: the engine then holds None and pays one `is not None` test per step. Times are the engine's
-`time.monotonic()` seconds, wall clock (divide by nothing: the reader knows the time scale).
+Off by default: the engine then holds None and pays two `is not None` tests per step (and one per request
+queued). Times are the engine's `time.monotonic()` seconds, wall clock; the snapshot names the time scale.
 """
 
 from __future__ import annotations
