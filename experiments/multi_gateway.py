@@ -135,7 +135,8 @@ def _gateway_config(sims: list[str], redis_url: str, prefix: str, args: argparse
         ],
         "auth": {"required": True, "admin_keys": [ADMIN]},
         "routing": {"probe_interval_s": 0.5,
-                    "peer_load": {"enabled": args.peer_load_s > 0, "interval_s": args.peer_load_s or 0.1}},
+                    "peer_load": {"enabled": args.peer_load_s > 0, "interval_s": args.peer_load_s or 0.1,
+                                  "route_header": True}},
     }  # fmt: skip
 
 
@@ -194,6 +195,9 @@ class Outcome:
     status: int
     pick: str = ""
     cost: Decimal = Decimal(0)
+    snapshot: int = -2  # the peer-load round whose counts decided (-1: the live view; -2: no stamp)
+    decided: float = 0.0  # the deciding process's wall clock at the pick
+    attempt: int = 1
 
 
 def _messages(prefix: int, i: int) -> list[dict[str, str]]:
@@ -246,7 +250,10 @@ async def affinity(stack: Stack, n: int, concurrency: int, rng: random.Random, k
                 out.append(Outcome(rid, prefix, gw, status))
                 return
             route = dict(p.split("=", 1) for p in raw.headers.get("x-kvgate-route", "").split(";") if "=" in p)
-            out.append(Outcome(rid, prefix, gw, 200, route.get("pick", ""), Decimal(raw.headers["x-kvgate-cost-usd"])))
+            out.append(Outcome(
+                rid, prefix, gw, 200, route.get("pick", ""), Decimal(raw.headers["x-kvgate-cost-usd"]),
+                int(route.get("snapshot", -2)), float(route.get("decided", 0)), int(route.get("attempt", 1)),
+            ))  # fmt: skip
 
     await asyncio.gather(*(one(i, p, g) for i, (p, g) in enumerate(plan)))
     await clients.close()
@@ -303,31 +310,87 @@ def prefix_keys(salt_secret: str = "kvgate-dev-secret") -> list[int]:
     return [routing_key(CHAT.view({"messages": _messages(p, 0)}).key_head, salt) for p in range(PREFIXES)]
 
 
+def _when(o: Outcome, owner: dict[str, Span], by: str) -> float:
+    return o.decided if by == "decision" else owner[o.rid].start
+
+
+def _round_groups(
+    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, by: str
+) -> list[list[tuple[Outcome, int, float]]]:
+    """Served requests grouped by (prefix, round), with their replica and how far into the round they fell."""
+    groups: dict[tuple[int, int], list[tuple[Outcome, int, float]]] = collections.defaultdict(list)
+    for o in outcomes:
+        if o.status == 200 and o.rid in owner and (by != "decision" or o.decided > 0):
+            t = _when(o, owner, by)
+            groups[(o.prefix, int(t // round_s))].append((o, owner[o.rid].replica, t % round_s))
+    return list(groups.values())
+
+
 def same_round_agreement(
-    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, skip_s: float = 0.0
+    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, skip_s: float = 0.0, by: str = "arrival"
 ) -> tuple[float, int]:
     """Share of requests whose replica every other gateway also chose for that prefix in the same round.
 
     A round is the `round_s` slice (wall clock) in which the gateways share one load snapshot (peer_load), so it
     is where they can agree at all; the same slices are used when peer_load is off. Per request: all requests
-    of its prefix that reached the sims in the same round through *other* gateways went to its replica (C's
-    two workers cannot be told apart, so pairs inside C do not count). Returns (share %, requests with a peer).
-    With `skip_s`, requests in a round's first `skip_s` are left out (where a late process still decides on
-    the previous snapshot).
+    of its prefix in the same round through *other* gateways went to its replica (C's two workers cannot be
+    told apart, so pairs inside C do not count). `by`: "arrival" puts a request in the round in which it
+    reached its sim (the sims' records), "decision" in the one in which its gateway picked (the gateway's
+    `decided` stamp, its own wall clock). Returns (share %, requests with a peer). With `skip_s`, requests in a
+    round's first `skip_s` are left out (where a late process still decides on the previous snapshot).
     """
-    groups: dict[tuple[int, int], list[tuple[str, int, float]]] = collections.defaultdict(list)
-    for o in outcomes:
-        sp = owner.get(o.rid)
-        if o.status == 200 and sp is not None:
-            groups[(o.prefix, int(sp.start // round_s))].append((o.gateway, sp.replica, sp.start % round_s))
     agree = counted = 0
-    for members in groups.values():
-        for gw, rep, since in members:
-            others = {r for g, r, _ in members if g != gw}
+    for members in _round_groups(outcomes, owner, round_s, by):
+        for o, rep, since in members:
+            others = {r for p, r, _ in members if p.gateway != o.gateway}
             if others and since >= skip_s:
                 counted += 1
                 agree += others == {rep}
     return 100 * agree / max(counted, 1), counted
+
+
+CAUSES = (
+    "retry after a failure (attempt > 1)",
+    "decided in different rounds (arrival grouping only)",
+    "a process on its live view (alone, store slow, round late)",
+    "same round, different snapshots (one applied late or early)",
+    "same snapshot, different replica (candidates differ)",
+)
+
+
+def disagreement_causes(
+    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, by: str
+) -> collections.Counter[str]:
+    """Every request that disagreed with a same-round peer of another gateway, by the first cause that explains
+    it against the peers that chose another replica (checked in CAUSES' order)."""
+    out: collections.Counter[str] = collections.Counter()
+    for members in _round_groups(outcomes, owner, round_s, by):
+        for o, rep, _ in members:
+            dissent = [p for p, r, _ in members if p.gateway != o.gateway and r != rep]
+            if not dissent:
+                continue
+            rounds = {int(x.decided // round_s) for x in [o, *dissent]}
+            snaps = {x.snapshot for x in [o, *dissent]}
+            if any(x.attempt > 1 for x in [o, *dissent]):
+                out[CAUSES[0]] += 1
+            elif len(rounds) > 1:
+                out[CAUSES[1]] += 1
+            elif -1 in snaps:
+                out[CAUSES[2]] += 1
+            elif len(snaps) > 1:
+                out[CAUSES[3]] += 1
+            else:
+                out[CAUSES[4]] += 1
+    return out
+
+
+def snapshot_lag(outcomes: list[Outcome], round_s: float) -> collections.Counter[int | str]:
+    """Per pick: its decision round minus the round of the snapshot that decided ("live" for the live view)."""
+    lag: collections.Counter[int | str] = collections.Counter()
+    for o in outcomes:
+        if o.status == 200 and o.decided > 0:
+            lag["live" if o.snapshot < 0 else int(o.decided // round_s) - o.snapshot] += 1
+    return lag
 
 
 def home_check(outcomes: list[Outcome], owner: dict[str, Span], sims: list[str]) -> str:
@@ -512,6 +575,27 @@ async def run(args: argparse.Namespace) -> None:
             f"| {r['prefixes_same_home_pct']:.0f} % of {r['prefixes']} | {r['dictated_pct']:.1f} % | {r['errors']} |"
         )
     print(f"\nreplayed homes = observed prefix_home replicas: {home_check(light + loaded, owner, stack.sims)}")
+    if any(o.decided > 0 for o in light + loaded):
+        print("\nBy decision round (the round in which the gateway picked, its own stamp; the table above groups by "
+              "the round in which the request reached its sim):\n")  # fmt: skip
+        print("| phase | **same replica as every other gateway, same decision round** | snapshot used: decision "
+              "round minus snapshot round (share of picks) |")  # fmt: skip
+        print("|---|---|---|")
+        for label, phase in (("light", light), ("loaded", loaded)):
+            same, pairs = same_round_agreement(phase, owner, round_s, by="decision")
+            lag = snapshot_lag(phase, round_s)
+            n = max(sum(lag.values()), 1)
+            lags = ", ".join(f"{k}: {100 * v / n:.1f} %" for k, v in sorted(lag.items(), key=str))
+            print(f"| {label} | **{same:.1f} %** (of {pairs}) | {lags} |")
+        print("\nWhy requests disagreed (requests, by the first cause that explains each; rounds by arrival at the "
+              "sim / by decision):\n")  # fmt: skip
+        print("| cause | light, by arrival | light, by decision | loaded, by arrival | loaded, by decision |")
+        print("|---|---|---|---|---|")
+        groupings = [(ph, by) for ph in (light, loaded) for by in ("arrival", "decision")]
+        tallies = [disagreement_causes(ph, owner, round_s, by) for ph, by in groupings]
+        for cause in CAUSES:
+            print(f"| {cause} | " + " | ".join(str(t[cause]) for t in tallies) + " |")
+        print("| total | " + " | ".join(str(sum(t.values())) for t in tallies) + " |")
     for label, phase in (("light", light), ("loaded", loaded)):
         late, n = same_round_agreement(phase, owner, round_s, 0.02)
         print(

@@ -90,6 +90,12 @@ class PeerLoad:
         self.clock = clock
         self._last: tuple[int, dict[str, int]] = (-1, {})  # the round this process last published, and its counts
         self._warned = False
+        self._in_force = -1  # the round whose counts are in every replica's shared_load; -1: the live view
+        cluster().peer_clock = self.stamp if settings.route_header else None
+
+    def stamp(self) -> str | None:
+        """The route header's note: the snapshot in force now, and when."""
+        return f"snapshot={self._in_force};decided={self.clock():.4f}"
 
     @classmethod
     def for_config(cls, cfg: GatewayConfig, store: Store, cluster: Callable[[], ClusterState]) -> PeerLoad | None:
@@ -125,12 +131,14 @@ class PeerLoad:
                 totals[name] = totals.get(name, 0) + n
         for r in self.cluster().replicas():
             r.shared_load = totals.get(replica_field(r.pool, r.url), 0)
+        self._in_force = current - 1
         return True
 
     def stale(self) -> None:
         """No snapshot every process shares this round: back to the live view until the next."""
         for r in self.cluster().replicas():
             r.shared_load = -1
+        self._in_force = -1
 
     async def run(self) -> None:
         """One exchange at the start of every round, until cancelled."""
