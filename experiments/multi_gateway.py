@@ -587,6 +587,14 @@ async def run(args: argparse.Namespace) -> None:
             n = max(sum(lag.values()), 1)
             lags = ", ".join(f"{k}: {100 * v / n:.1f} %" for k, v in sorted(lag.items(), key=str))
             print(f"| {label} | **{same:.1f} %** (of {pairs}) | {lags} |")
+        for label, phase in (("light", light), ("loaded", loaded)):
+            delays = sorted(owner[o.rid].start - o.decided for o in phase if o.rid in owner and o.decided > 0)
+            crossed = sum(int(owner[o.rid].start // round_s) != int(o.decided // round_s)
+                          for o in phase if o.rid in owner and o.decided > 0)  # fmt: skip
+            if delays:
+                print(f"{label}: pick to arrival at the sim {1000 * delays[len(delays) // 2]:.1f} ms (median), "
+                      f"{1000 * delays[9 * len(delays) // 10]:.1f} ms (p90); reached the sim in a later round than "
+                      f"decided: {100 * crossed / len(delays):.1f} % of requests")  # fmt: skip
         print("\nWhy requests disagreed (requests, by the first cause that explains each; rounds by arrival at the "
               "sim / by decision):\n")  # fmt: skip
         print("| cause | light, by arrival | light, by decision | loaded, by arrival | loaded, by decision |")
