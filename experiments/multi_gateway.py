@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import random
 import shutil
@@ -53,6 +54,7 @@ RPM = 20
 BURSTS = 5  # one fresh tenant per burst: each starts with a whole minute's allowance
 PREFIXES = 24
 TIME_LIMIT_S = 600
+US = 1_000_000
 
 
 # --- a sim that remembers who it served ---------------------------------------------------------------
@@ -196,7 +198,7 @@ class Outcome:
     pick: str = ""
     cost: Decimal = Decimal(0)
     snapshot: int = -2  # the peer-load round whose counts decided (-1: the live view; -2: no stamp)
-    decided: float = 0.0  # the deciding process's wall clock at the pick
+    decided_us: int = 0  # the deciding process's wall clock at the pick, µs
     attempt: int = 1
 
 
@@ -252,7 +254,7 @@ async def affinity(stack: Stack, n: int, concurrency: int, rng: random.Random, k
             route = dict(p.split("=", 1) for p in raw.headers.get("x-kvgate-route", "").split(";") if "=" in p)
             out.append(Outcome(
                 rid, prefix, gw, 200, route.get("pick", ""), Decimal(raw.headers["x-kvgate-cost-usd"]),
-                int(route.get("snapshot", -2)), float(route.get("decided", 0)), int(route.get("attempt", 1)),
+                int(route.get("snapshot", -2)), int(route.get("decided", 0)), int(route.get("attempt", 1)),
             ))  # fmt: skip
 
     await asyncio.gather(*(one(i, p, g) for i, (p, g) in enumerate(plan)))
@@ -310,8 +312,13 @@ def prefix_keys(salt_secret: str = "kvgate-dev-secret") -> list[int]:
     return [routing_key(CHAT.view({"messages": _messages(p, 0)}).key_head, salt) for p in range(PREFIXES)]
 
 
-def _when(o: Outcome, owner: dict[str, Span], by: str) -> float:
-    return o.decided if by == "decision" else owner[o.rid].start
+def _when_us(o: Outcome, owner: dict[str, Span], by: str) -> int:
+    return o.decided_us if by == "decision" else round(owner[o.rid].start * US)
+
+
+def _round(t_us: int, round_s: float) -> int:
+    """The round a µs instant falls in, in integers (float division misplaces instants on a boundary)."""
+    return t_us // round(round_s * US)
 
 
 def _round_groups(
@@ -320,9 +327,9 @@ def _round_groups(
     """Served requests grouped by (prefix, round), with their replica and how far into the round they fell."""
     groups: dict[tuple[int, int], list[tuple[Outcome, int, float]]] = collections.defaultdict(list)
     for o in outcomes:
-        if o.status == 200 and o.rid in owner and (by != "decision" or o.decided > 0):
-            t = _when(o, owner, by)
-            groups[(o.prefix, int(t // round_s))].append((o, owner[o.rid].replica, t % round_s))
+        if o.status == 200 and o.rid in owner and (by != "decision" or o.decided_us > 0):
+            t = _when_us(o, owner, by)
+            groups[(o.prefix, _round(t, round_s))].append((o, owner[o.rid].replica, t / US % round_s))
     return list(groups.values())
 
 
@@ -369,7 +376,7 @@ def disagreement_causes(
             dissent = [p for p, r, _ in members if p.gateway != o.gateway and r != rep]
             if not dissent:
                 continue
-            rounds = {int(x.decided // round_s) for x in [o, *dissent]}
+            rounds = {_round(x.decided_us, round_s) for x in [o, *dissent]}
             snaps = {x.snapshot for x in [o, *dissent]}
             if any(x.attempt > 1 for x in [o, *dissent]):
                 out[CAUSES[0]] += 1
@@ -388,8 +395,8 @@ def snapshot_lag(outcomes: list[Outcome], round_s: float) -> collections.Counter
     """Per pick: its decision round minus the round of the snapshot that decided ("live" for the live view)."""
     lag: collections.Counter[int | str] = collections.Counter()
     for o in outcomes:
-        if o.status == 200 and o.decided > 0:
-            lag["live" if o.snapshot < 0 else int(o.decided // round_s) - o.snapshot] += 1
+        if o.status == 200 and o.decided_us > 0:
+            lag["live" if o.snapshot < 0 else _round(o.decided_us, round_s) - o.snapshot] += 1
     return lag
 
 
@@ -530,6 +537,21 @@ async def spend_check(stack: Stack, outcomes: list[Outcome]) -> tuple[Decimal, D
     return header_sum, Decimal(total["usd_micros"]) / 1_000_000, ok, int(total["requests"])
 
 
+def dump(
+    path: Path, light: list[Outcome], loaded: list[Outcome], owner: dict[str, Span], ideal: dict[str, int]
+) -> None:
+    """Every affinity request as one JSON line: to look at single disagreements."""
+    with path.open("w") as f:
+        for phase_name, phase in (("light", light), ("loaded", loaded)):
+            for o in phase:
+                sp = owner.get(o.rid)
+                row = {"phase": phase_name, "gateway": o.gateway, "prefix": o.prefix, "status": o.status,
+                       "pick": o.pick, "snapshot": o.snapshot, "decided_us": o.decided_us, "attempt": o.attempt,
+                       "replica": sp.replica if sp else None, "arrived": sp.start if sp else None,
+                       "ideal": ideal.get(o.rid)}  # fmt: skip
+                f.write(json.dumps(row) + "\n")
+
+
 async def run(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-mg-"))
     rng = random.Random(args.seed)
@@ -566,6 +588,8 @@ async def run(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     policy = PrefixAffinity(args.load_bound, args.min_bound, args.spill)
     ideal = dictated(light + loaded, owner, stack.sims, policy)
+    if args.dump:
+        dump(Path(args.dump), light, loaded, owner, ideal)
     for label, conc, phase in (("light", 3, light), ("loaded", args.concurrency, loaded)):
         r = agreement(phase, owner, ideal)
         same, pairs = same_round_agreement(phase, owner, round_s)
@@ -575,7 +599,7 @@ async def run(args: argparse.Namespace) -> None:
             f"| {r['prefixes_same_home_pct']:.0f} % of {r['prefixes']} | {r['dictated_pct']:.1f} % | {r['errors']} |"
         )
     print(f"\nreplayed homes = observed prefix_home replicas: {home_check(light + loaded, owner, stack.sims)}")
-    if any(o.decided > 0 for o in light + loaded):
+    if any(o.decided_us > 0 for o in light + loaded):
         print("\nBy decision round (the round in which the gateway picked, its own stamp; the table above groups by "
               "the round in which the request reached its sim):\n")  # fmt: skip
         print("| phase | **same replica as every other gateway, same decision round** | snapshot used: decision "
@@ -588,9 +612,11 @@ async def run(args: argparse.Namespace) -> None:
             lags = ", ".join(f"{k}: {100 * v / n:.1f} %" for k, v in sorted(lag.items(), key=str))
             print(f"| {label} | **{same:.1f} %** (of {pairs}) | {lags} |")
         for label, phase in (("light", light), ("loaded", loaded)):
-            delays = sorted(owner[o.rid].start - o.decided for o in phase if o.rid in owner and o.decided > 0)
-            crossed = sum(int(owner[o.rid].start // round_s) != int(o.decided // round_s)
-                          for o in phase if o.rid in owner and o.decided > 0)  # fmt: skip
+            stamped = [o for o in phase if o.rid in owner and o.decided_us > 0]
+            delays = sorted(owner[o.rid].start - o.decided_us / US for o in stamped)
+            crossed = sum(
+                _round(_when_us(o, owner, "arrival"), round_s) != _round(o.decided_us, round_s) for o in stamped
+            )
             if delays:
                 print(f"{label}: pick to arrival at the sim {1000 * delays[len(delays) // 2]:.1f} ms (median), "
                       f"{1000 * delays[9 * len(delays) // 10]:.1f} ms (p90); reached the sim in a later round than "
@@ -670,6 +696,7 @@ def main() -> None:
         help="routing.peer_load.interval_s (0: peer load off, each process sees only its own in-flight)",
     )
     p.add_argument("--keep", action="store_true", help="keep the logs folder")
+    p.add_argument("--dump", help="write every affinity request (gateway, prefix, stamps, replica) as JSON lines")
     args = p.parse_args()
     if not args.redis_url and shutil.which("redis-server") is None:
         sys.exit("needs redis-server or --redis-url")

@@ -137,7 +137,7 @@ class PeerLoad:
         now = self.clock()
         if now >= self._next_at:
             self._advance(now)
-        return f"snapshot={self._in_force};decided={now:.4f}"
+        return f"snapshot={self._in_force};decided={round(now * 1_000_000)}"  # µs: rounds split on exact integers
 
     def in_force(self) -> int:
         """The round whose counts decide now (-1: the live view)."""

@@ -21,7 +21,7 @@ class PeerLoadSettings(BaseModel):
     interval_s: float = Field(0.1, gt=0, le=5.0)
     # A process that stops publishing (killed, store unreachable) is forgotten after this long.
     ttl_s: float = Field(1.0, gt=0)
-    # Adds `;snapshot=<round>;decided=<unix s>` to x-kvgate-route: which round's counts decided (-1: the live view)
+    # Adds `;snapshot=<round>;decided=<unix µs>` to x-kvgate-route: which round's counts decided (-1: the live view)
     # and when, to measure agreement between processes (experiments/multi_gateway.py). Off: nothing per pick.
     route_header: bool = False
 

@@ -243,7 +243,7 @@ async def test_pick_brings_the_due_snapshot_into_force_and_stamps_the_route_only
         pick(model=cfg.models[0], decision=ClassDecision("interactive", "default"), key=5, cluster=c, cfg=cfg.routing)
         for c in clusters
     ]
-    assert routes[0].load_stamp == f"snapshot=70;decided={clock.s():.4f}"
+    assert routes[0].load_stamp == f"snapshot=70;decided={clock.us}"
     assert routes[1].load_stamp is None
     assert _loads(clusters) == [[0, 0, 0], [0, 0, 0]]  # in force in both, by pick alone
 
