@@ -106,6 +106,7 @@ class RouteDecision:
     detail: str = ""  # why it left the home pool (spill/failover), for the span
     target: ReplicaState | None = None  # set by pick; None only in records built outside routing
     cached_tokens: int | None = None  # prompt tokens the replica is predicted to reuse (kv_events)
+    load_stamp: str | None = None  # which shared load snapshot decided, when routing.peer_load.route_header is on
 
 
 @dataclass(slots=True)

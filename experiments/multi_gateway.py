@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import random
 import shutil
@@ -53,6 +54,7 @@ RPM = 20
 BURSTS = 5  # one fresh tenant per burst: each starts with a whole minute's allowance
 PREFIXES = 24
 TIME_LIMIT_S = 600
+US = 1_000_000
 
 
 # --- a sim that remembers who it served ---------------------------------------------------------------
@@ -135,7 +137,8 @@ def _gateway_config(sims: list[str], redis_url: str, prefix: str, args: argparse
         ],
         "auth": {"required": True, "admin_keys": [ADMIN]},
         "routing": {"probe_interval_s": 0.5,
-                    "peer_load": {"enabled": args.peer_load_s > 0, "interval_s": args.peer_load_s or 0.1}},
+                    "peer_load": {"enabled": args.peer_load_s > 0, "interval_s": args.peer_load_s or 0.1,
+                                  "route_header": True}},
     }  # fmt: skip
 
 
@@ -194,6 +197,9 @@ class Outcome:
     status: int
     pick: str = ""
     cost: Decimal = Decimal(0)
+    snapshot: int = -2  # the peer-load round whose counts decided (-1: the live view; -2: no stamp)
+    decided_us: int = 0  # the deciding process's wall clock at the pick, µs
+    attempt: int = 1
 
 
 def _messages(prefix: int, i: int) -> list[dict[str, str]]:
@@ -246,7 +252,10 @@ async def affinity(stack: Stack, n: int, concurrency: int, rng: random.Random, k
                 out.append(Outcome(rid, prefix, gw, status))
                 return
             route = dict(p.split("=", 1) for p in raw.headers.get("x-kvgate-route", "").split(";") if "=" in p)
-            out.append(Outcome(rid, prefix, gw, 200, route.get("pick", ""), Decimal(raw.headers["x-kvgate-cost-usd"])))
+            out.append(Outcome(
+                rid, prefix, gw, 200, route.get("pick", ""), Decimal(raw.headers["x-kvgate-cost-usd"]),
+                int(route.get("snapshot", -2)), int(route.get("decided", 0)), int(route.get("attempt", 1)),
+            ))  # fmt: skip
 
     await asyncio.gather(*(one(i, p, g) for i, (p, g) in enumerate(plan)))
     await clients.close()
@@ -303,31 +312,92 @@ def prefix_keys(salt_secret: str = "kvgate-dev-secret") -> list[int]:
     return [routing_key(CHAT.view({"messages": _messages(p, 0)}).key_head, salt) for p in range(PREFIXES)]
 
 
+def _when_us(o: Outcome, owner: dict[str, Span], by: str) -> int:
+    return o.decided_us if by == "decision" else round(owner[o.rid].start * US)
+
+
+def _round(t_us: int, round_s: float) -> int:
+    """The round a µs instant falls in, in integers (float division misplaces instants on a boundary)."""
+    return t_us // round(round_s * US)
+
+
+def _round_groups(
+    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, by: str
+) -> list[list[tuple[Outcome, int, float]]]:
+    """Served requests grouped by (prefix, round), with their replica and how far into the round they fell."""
+    groups: dict[tuple[int, int], list[tuple[Outcome, int, float]]] = collections.defaultdict(list)
+    for o in outcomes:
+        if o.status == 200 and o.rid in owner and (by != "decision" or o.decided_us > 0):
+            t = _when_us(o, owner, by)
+            groups[(o.prefix, _round(t, round_s))].append((o, owner[o.rid].replica, t / US % round_s))
+    return list(groups.values())
+
+
 def same_round_agreement(
-    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, skip_s: float = 0.0
+    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, skip_s: float = 0.0, by: str = "arrival"
 ) -> tuple[float, int]:
     """Share of requests whose replica every other gateway also chose for that prefix in the same round.
 
     A round is the `round_s` slice (wall clock) in which the gateways share one load snapshot (peer_load), so it
     is where they can agree at all; the same slices are used when peer_load is off. Per request: all requests
-    of its prefix that reached the sims in the same round through *other* gateways went to its replica (C's
-    two workers cannot be told apart, so pairs inside C do not count). Returns (share %, requests with a peer).
-    With `skip_s`, requests in a round's first `skip_s` are left out (where a late process still decides on
-    the previous snapshot).
+    of its prefix in the same round through *other* gateways went to its replica (C's two workers cannot be
+    told apart, so pairs inside C do not count). `by`: "arrival" puts a request in the round in which it
+    reached its sim (the sims' records), "decision" in the one in which its gateway picked (the gateway's
+    `decided` stamp, its own wall clock). Returns (share %, requests with a peer). With `skip_s`, requests in a
+    round's first `skip_s` are left out (where a late process still decides on the previous snapshot).
     """
-    groups: dict[tuple[int, int], list[tuple[str, int, float]]] = collections.defaultdict(list)
-    for o in outcomes:
-        sp = owner.get(o.rid)
-        if o.status == 200 and sp is not None:
-            groups[(o.prefix, int(sp.start // round_s))].append((o.gateway, sp.replica, sp.start % round_s))
     agree = counted = 0
-    for members in groups.values():
-        for gw, rep, since in members:
-            others = {r for g, r, _ in members if g != gw}
+    for members in _round_groups(outcomes, owner, round_s, by):
+        for o, rep, since in members:
+            others = {r for p, r, _ in members if p.gateway != o.gateway}
             if others and since >= skip_s:
                 counted += 1
                 agree += others == {rep}
     return 100 * agree / max(counted, 1), counted
+
+
+CAUSES = (
+    "retry after a failure (attempt > 1)",
+    "decided in different rounds (arrival grouping only)",
+    "a process on its live view (alone, store slow, round late)",
+    "same round, different snapshots (one applied late or early)",
+    "same snapshot, different replica (candidates differ)",
+)
+
+
+def disagreement_causes(
+    outcomes: list[Outcome], owner: dict[str, Span], round_s: float, by: str
+) -> collections.Counter[str]:
+    """Every request that disagreed with a same-round peer of another gateway, by the first cause that explains
+    it against the peers that chose another replica (checked in CAUSES' order)."""
+    out: collections.Counter[str] = collections.Counter()
+    for members in _round_groups(outcomes, owner, round_s, by):
+        for o, rep, _ in members:
+            dissent = [p for p, r, _ in members if p.gateway != o.gateway and r != rep]
+            if not dissent:
+                continue
+            rounds = {_round(x.decided_us, round_s) for x in [o, *dissent]}
+            snaps = {x.snapshot for x in [o, *dissent]}
+            if any(x.attempt > 1 for x in [o, *dissent]):
+                out[CAUSES[0]] += 1
+            elif len(rounds) > 1:
+                out[CAUSES[1]] += 1
+            elif -1 in snaps:
+                out[CAUSES[2]] += 1
+            elif len(snaps) > 1:
+                out[CAUSES[3]] += 1
+            else:
+                out[CAUSES[4]] += 1
+    return out
+
+
+def snapshot_lag(outcomes: list[Outcome], round_s: float) -> collections.Counter[int | str]:
+    """Per pick: its decision round minus the round of the snapshot that decided ("live" for the live view)."""
+    lag: collections.Counter[int | str] = collections.Counter()
+    for o in outcomes:
+        if o.status == 200 and o.decided_us > 0:
+            lag["live" if o.snapshot < 0 else _round(o.decided_us, round_s) - o.snapshot] += 1
+    return lag
 
 
 def home_check(outcomes: list[Outcome], owner: dict[str, Span], sims: list[str]) -> str:
@@ -467,6 +537,21 @@ async def spend_check(stack: Stack, outcomes: list[Outcome]) -> tuple[Decimal, D
     return header_sum, Decimal(total["usd_micros"]) / 1_000_000, ok, int(total["requests"])
 
 
+def dump(
+    path: Path, light: list[Outcome], loaded: list[Outcome], owner: dict[str, Span], ideal: dict[str, int]
+) -> None:
+    """Every affinity request as one JSON line: to look at single disagreements."""
+    with path.open("w") as f:
+        for phase_name, phase in (("light", light), ("loaded", loaded)):
+            for o in phase:
+                sp = owner.get(o.rid)
+                row = {"phase": phase_name, "gateway": o.gateway, "prefix": o.prefix, "status": o.status,
+                       "pick": o.pick, "snapshot": o.snapshot, "decided_us": o.decided_us, "attempt": o.attempt,
+                       "replica": sp.replica if sp else None, "arrived": sp.start if sp else None,
+                       "ideal": ideal.get(o.rid)}  # fmt: skip
+                f.write(json.dumps(row) + "\n")
+
+
 async def run(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-mg-"))
     rng = random.Random(args.seed)
@@ -503,6 +588,8 @@ async def run(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     policy = PrefixAffinity(args.load_bound, args.min_bound, args.spill)
     ideal = dictated(light + loaded, owner, stack.sims, policy)
+    if args.dump:
+        dump(Path(args.dump), light, loaded, owner, ideal)
     for label, conc, phase in (("light", 3, light), ("loaded", args.concurrency, loaded)):
         r = agreement(phase, owner, ideal)
         same, pairs = same_round_agreement(phase, owner, round_s)
@@ -512,6 +599,37 @@ async def run(args: argparse.Namespace) -> None:
             f"| {r['prefixes_same_home_pct']:.0f} % of {r['prefixes']} | {r['dictated_pct']:.1f} % | {r['errors']} |"
         )
     print(f"\nreplayed homes = observed prefix_home replicas: {home_check(light + loaded, owner, stack.sims)}")
+    if any(o.decided_us > 0 for o in light + loaded):
+        print("\nBy decision round (the round in which the gateway picked, its own stamp; the table above groups by "
+              "the round in which the request reached its sim):\n")  # fmt: skip
+        print("| phase | **same replica as every other gateway, same decision round** | snapshot used: decision "
+              "round minus snapshot round (share of picks) |")  # fmt: skip
+        print("|---|---|---|")
+        for label, phase in (("light", light), ("loaded", loaded)):
+            same, pairs = same_round_agreement(phase, owner, round_s, by="decision")
+            lag = snapshot_lag(phase, round_s)
+            n = max(sum(lag.values()), 1)
+            lags = ", ".join(f"{k}: {100 * v / n:.1f} %" for k, v in sorted(lag.items(), key=str))
+            print(f"| {label} | **{same:.1f} %** (of {pairs}) | {lags} |")
+        for label, phase in (("light", light), ("loaded", loaded)):
+            stamped = [o for o in phase if o.rid in owner and o.decided_us > 0]
+            delays = sorted(owner[o.rid].start - o.decided_us / US for o in stamped)
+            crossed = sum(
+                _round(_when_us(o, owner, "arrival"), round_s) != _round(o.decided_us, round_s) for o in stamped
+            )
+            if delays:
+                print(f"{label}: pick to arrival at the sim {1000 * delays[len(delays) // 2]:.1f} ms (median), "
+                      f"{1000 * delays[9 * len(delays) // 10]:.1f} ms (p90); reached the sim in a later round than "
+                      f"decided: {100 * crossed / len(delays):.1f} % of requests")  # fmt: skip
+        print("\nWhy requests disagreed (requests, by the first cause that explains each; rounds by arrival at the "
+              "sim / by decision):\n")  # fmt: skip
+        print("| cause | light, by arrival | light, by decision | loaded, by arrival | loaded, by decision |")
+        print("|---|---|---|---|---|")
+        groupings = [(ph, by) for ph in (light, loaded) for by in ("arrival", "decision")]
+        tallies = [disagreement_causes(ph, owner, round_s, by) for ph, by in groupings]
+        for cause in CAUSES:
+            print(f"| {cause} | " + " | ".join(str(t[cause]) for t in tallies) + " |")
+        print("| total | " + " | ".join(str(sum(t.values())) for t in tallies) + " |")
     for label, phase in (("light", light), ("loaded", loaded)):
         late, n = same_round_agreement(phase, owner, round_s, 0.02)
         print(
@@ -578,6 +696,7 @@ def main() -> None:
         help="routing.peer_load.interval_s (0: peer load off, each process sees only its own in-flight)",
     )
     p.add_argument("--keep", action="store_true", help="keep the logs folder")
+    p.add_argument("--dump", help="write every affinity request (gateway, prefix, stamps, replica) as JSON lines")
     args = p.parse_args()
     if not args.redis_url and shutil.which("redis-server") is None:
         sys.exit("needs redis-server or --redis-url")

@@ -6,7 +6,11 @@ noise. Each scenario mixes pool sizes and body shapes; replica loads change betw
 starts/finishes plus a scraped queue) so prefix_affinity's bounded-load path is exercised too.
 Goal: median ≤ 20 µs per decision.
 
-    .venv/bin/python experiments/routing_micro.py [--calls 20000] [--seed 1]
+    .venv/bin/python experiments/routing_micro.py [--calls 20000] [--seed 1] [--peer-load on|stamped]
+
+With --peer-load, the cluster shares a load snapshot (app/routing/peer_load.py) as gateway processes on one store
+do: every pick first checks the clock against the next snapshot's instant (`stamped`: and builds the
+route_header note), and prefix_affinity judges the bound on the snapshot.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.api.surfaces import CHAT, COMPLETIONS
 from app.config import GatewayConfig, parse_config
 from app.context import Operation, RouteDecision, Tenant
 from app.routing.classify import classify
-from app.routing.pick import pick, routing_key
+from app.routing.peer_load import PeerLoad, Pending, replica_field
+from app.routing.peer_load_config import PeerLoadSettings
+from app.routing.pick import pick
+from app.routing.prefix_key import routing_key
 from app.routing.state import ClusterState
+from app.store.memory import MemoryStore
 
 GOAL_US = 20.0
 BATCH = 64
@@ -82,11 +91,21 @@ def config(n_fast: int, n_bulk: int) -> GatewayConfig:
     return parse_config(raw, env={})
 
 
-def measure(n_fast: int, n_bulk: int, kind: str, calls: int, seed: int) -> dict[str, float]:
+def share_snapshot(cluster: ClusterState, stamped: bool) -> None:
+    """Put a peer-load snapshot in force in `cluster`, with the next one pending (the state between two rounds)."""
+    share = PeerLoad(MemoryStore(), lambda: cluster, PeerLoadSettings(route_header=stamped), "micro")
+    now = time.time()
+    share._schedule(Pending(now, 1, {replica_field(r.pool, r.url): 2 for r in cluster.replicas()}, now + 3600))
+    share._schedule(Pending(now + 1800, 2, {}, now + 3600))  # not due while the benchmark runs
+
+
+def measure(n_fast: int, n_bulk: int, kind: str, calls: int, seed: int, peer_load: str = "off") -> dict[str, float]:
     """Median/p99 µs per call for kvgate and the baseline, interleaved."""
     rng = random.Random(seed)
     cfg = config(n_fast, n_bulk)
     cluster = ClusterState.from_config(cfg)
+    if peer_load != "off":
+        share_snapshot(cluster, peer_load == "stamped")
     model = cfg.models[0]
     all_replicas = list(cluster.replicas())
     for r in all_replicas:  # a scrape happened: other clients' requests are on the replicas
@@ -99,7 +118,7 @@ def measure(n_fast: int, n_bulk: int, kind: str, calls: int, seed: int) -> dict[
 
     def kvgate(body: dict[str, Any], op: Operation) -> RouteDecision:
         decision = classify(body, headers, tenant, rcfg)
-        key = routing_key(body, op, "salt-acme")
+        key = routing_key((CHAT if op == "chat" else COMPLETIONS).view(body).key_head, "salt-acme")
         return pick(model=model, decision=decision, key=key, cluster=cluster, cfg=rcfg)
 
     def baseline(body: dict[str, Any], op: Operation) -> RouteDecision:
@@ -146,17 +165,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--peer-load", choices=["off", "on", "stamped"], default="off")
     args = ap.parse_args()
     rows = []
     for n_fast, n_bulk in ((2, 1), (8, 4), (32, 8)):
         for kind in ("chat-short", "agent-long", "tools-short-sys", "tokens"):
-            rows.append((n_fast, n_bulk, kind, measure(n_fast, n_bulk, kind, args.calls, args.seed)))
+            rows.append((n_fast, n_bulk, kind, measure(n_fast, n_bulk, kind, args.calls, args.seed, args.peer_load)))
     head = (
         f"{'replicas':>9} {'body':<16} | {'kvgate p50':>10} {'p99':>7} {'cpu/call':>8} | "
         f"{'baseline p50':>12} {'p99':>6} {'cpu/call':>8} | {'ratio p50':>9}"
     )
     print("routing decision (classify + routing_key + pick) vs next-in-list baseline, µs per call;")
-    print(f"{args.calls} interleaved calls per row; goal: kvgate p50 <= {GOAL_US:.0f} µs")
+    print(f"{args.calls} interleaved calls per row; peer load {args.peer_load}; goal: kvgate p50 <= {GOAL_US:.0f} µs")
     print(head)
     print("-" * len(head))
     worst = worst_cpu = 0.0

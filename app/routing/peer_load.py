@@ -1,36 +1,42 @@
-"""One load snapshot for every gateway process sharing a Store, so bounded load decides alike in all of them.
+"""One load snapshot for every gateway process sharing a Store, in force in all of them at the same instant, so
+bounded load decides alike in all of them.
 
 prefix_affinity sends a prefix to its home unless the home's load is over the bound. Each process used to
 judge that on its own in-flight requests (exact) plus the others' as the last /metrics scrape saw them, and
 the others' share is most of the load and changes faster than any scrape or sync interval (a request holds a
 replica for ~100 ms to seconds): measured with three gateways, a third of the requests went to another replica
-than an exact view would have chosen, half too eagerly to the home and half spilled needlessly, and
-publishing counts every 100 ms and adding the others' latest to one's own live count did not help (the
-others' part is as stale as before, one request lifetime). Any sum of "mine now + yours then" differs between
-processes by exactly what changed in between.
+than an exact view would have chosen, and publishing counts every 100 ms and adding the others' latest to one's
+own live count did not help (the others' part is as stale as before, one request lifetime). Any sum of "mine now
++ yours then" differs between processes by exactly what changed in between.
 
-So the processes stop mixing clocks: time is cut into rounds of `interval_s` on the wall clock (the gateways'
-hosts are NTP-synced). At the start of round k each process publishes its per-replica in-flight counts,
-tagged k, together with the counts it published in round k-1, and reads everyone's entry in the same store
-round trip. From an entry tagged k it takes the k-1 counts, from one still tagged k-1 (that process has not
-published k yet) its counts: either way every process's round k-1 counts, which were all published a round ago.
-So every process, whenever in round k it reads, sums the same numbers into each replica's `shared_load`, and
-its bound check runs on them for the round: the same prefix gets the same replica from all of them. The
-price is that the bound sees requests one to two rounds late (a round adds its own arrivals to a home beyond
-the bound). A process that sees no other process keeps its exact live view (`shared_load` -1), as does every
-process while the store is unreachable or its round came more than a round late. Other clients of an engine
+So the processes stop mixing clocks. Time is cut into rounds of `interval_s`. In the middle of every round each
+process publishes its per-replica in-flight counts and reads everyone's in one store round trip; the store
+stamps each publication with its own clock, so which round a publication belongs to is the store's one answer,
+not each host's. Each publication carries the process's previous two with their stamps, so from any entry a
+reader finds that process's last counts of the round before the store's current one; and once the store's clock
+is past a round nothing more can be published in it: every read during round k yields the same sums of
+everyone's round k-1 counts, snapshot k-1. A process schedules it to come into force at the start of round k+1
+on its wall clock (the gateways' hosts are NTP-synced), and pick brings it in lazily, comparing the clock with
+that instant (one clock read per pick): every process changes snapshot at the same instant however late its event
+loop ran the exchange, as long as the exchange returned within the half round before. In round n every process
+decides on snapshot n-2 (counts 1.5 to 2.5 rounds old: the price of agreeing).
+
+A round whose snapshot did not arrive in time (store slow or down, loop stalled) keeps the last one for one more
+round, then the live view: the same instants in every process the store failed for. A process that finds no
+other process published in the snapshot's round keeps its exact live view (`shared_load` -1) from the next round
+on. Other clients of an engine
 than these gateways are not in the snapshot: the bound counts the gateways' requests while it is in use.
-
-Nothing here runs on the request path: one store round trip per round, from a background task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
+from typing import NamedTuple
 
 import orjson
 
@@ -41,38 +47,52 @@ from app.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
+# Where in its round a process exchanges: half a round before the switch is its margin for a busy event loop or a
+# slow store round trip; earlier would make the counts older still.
+PHASE = 0.5
+HISTORY = 2  # earlier publications each carries: a process publishes once a round, at most twice around a stall
+
+
+class Pending(NamedTuple):
+    """A snapshot waiting for its instant `at`: the round of its counts, its per-replica sums (None: alone), and
+    when it gives way to the live view if no newer one came (one round after its own)."""
+
+    at: float
+    round: int
+    totals: dict[str, int] | None
+    expires: float
+
 
 def replica_field(pool: str, url: str) -> str:
     """The name a replica's count is published under: the same in every process with the same config."""
     return f"{pool} {url}"
 
 
-def until_next_round(now: float, interval_s: float) -> float:
-    """Seconds from `now` (wall clock) to the start of the next round: rounds start at multiples of the interval."""
-    return interval_s - (now % interval_s)
+def until_exchange(now: float, interval_s: float) -> float:
+    """Seconds from `now` (wall clock) to the next exchange: PHASE into every round."""
+    return (PHASE * interval_s - now) % interval_s
 
 
-def round_starting(now: float, interval_s: float) -> int:
-    """The round a wake-up at a round's start begins: the nearest boundary's. uvloop's timers run on whole
-    milliseconds and may fire a little before the boundary, where the clock still says the round before."""
-    return round(now / interval_s)
-
-
-def previous_round_counts(payload: str, current: int) -> dict[str, int] | None:
-    """The round `current - 1` counts in a published payload, or None (an older round, or not a payload)."""
+def counts_of_round(written_us: int, payload: str, round_: int, interval_us: int) -> dict[str, int] | None:
+    """A process's last counts published in `round_` (by the store's stamps), or None (none then, not a payload)."""
     try:
         doc = orjson.loads(payload)
-        tag, counts, prev = doc["r"], doc["c"], doc["p"]
+        history = [(written_us, doc["c"]), *doc["h"]]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return None
-    chosen = prev if tag == current else counts if tag == current - 1 else None
-    if not isinstance(chosen, dict):
-        return None
-    return {k: v for k, v in chosen.items() if isinstance(v, int) and v > 0}
+    for entry in history:
+        if not isinstance(entry, tuple | list) or len(entry) != 2 or not isinstance(entry[0], int):
+            return None
+        if entry[0] // interval_us == round_:
+            counts = entry[1]
+            if not isinstance(counts, dict):
+                return None
+            return {k: v for k, v in counts.items() if isinstance(v, int) and v > 0}
+    return None
 
 
 class PeerLoad:
-    """Publishes this process's in-flight counts each round and applies everyone's counts of the round before."""
+    """Publishes this process's in-flight counts each round; brings everyone's of a round into force two later."""
 
     def __init__(
         self,
@@ -83,13 +103,19 @@ class PeerLoad:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
-        # A callable: discovery replaces the cluster state, and the next round must see the new one.
+        # A callable: discovery replaces the cluster state, and the next snapshot must land in the new one.
         self.cluster = cluster
         self.settings = settings
+        self.interval_us = max(round(settings.interval_s * 1_000_000), 1)
         self.process_id = process_id or uuid.uuid4().hex
         self.clock = clock
-        self._last: tuple[int, dict[str, int]] = (-1, {})  # the round this process last published, and its counts
+        self._history: list[tuple[int, dict[str, int]]] = []  # this process's last publications: (store µs, counts)
+        self._pending: Pending | None = None
+        self._in_force = -1  # the round whose counts are in every replica's shared_load; -1: the live view
+        self._expires = math.inf  # when the snapshot in force gives way to the live view if no newer one came
+        self._next_at = math.inf  # the next instant pick must act at: min(pending's, expiry)
         self._warned = False
+        cluster().peer_clock = self.stamped if settings.route_header else self.due
 
     @classmethod
     def for_config(cls, cfg: GatewayConfig, store: Store, cluster: Callable[[], ClusterState]) -> PeerLoad | None:
@@ -98,49 +124,91 @@ class PeerLoad:
             return None
         return cls(store, cluster, cfg.routing.peer_load)
 
-    def round_now(self) -> int:
-        """The current round's number."""
-        return int(self.clock() // self.settings.interval_s)
+    # --- the pick path ---------------------------------------------------------------------------------
 
-    async def exchange(self, current: int) -> bool:
-        """Round `current`: publish this process's counts, set every replica's `shared_load` to everyone's round
-        `current - 1` sum; False (and every `shared_load` -1, the live view) if the store is down or no other
-        process is there."""
+    def due(self) -> None:
+        """Before a pick: bring the snapshot due by now into force (one clock read; nothing else most picks)."""
+        now = self.clock()
+        if now >= self._next_at:
+            self._advance(now)
+
+    def stamped(self) -> str | None:
+        """`due`, and the route header's note: the round of the snapshot that decides, and when."""
+        now = self.clock()
+        if now >= self._next_at:
+            self._advance(now)
+        return f"snapshot={self._in_force};decided={round(now * 1_000_000)}"  # µs: rounds split on exact integers
+
+    def in_force(self) -> int:
+        """The round whose counts decide now (-1: the live view)."""
+        self.due()
+        return self._in_force
+
+    def _advance(self, now: float) -> None:
+        p = self._pending
+        if p is not None and now >= p.at:
+            self._pending = None
+            self._apply(p.round, p.totals)
+            self._expires = p.expires if p.totals is not None else math.inf
+        if now >= self._expires:
+            self._apply(-1, None)
+            self._expires = math.inf
+        self._next_at = min(self._pending.at if self._pending is not None else math.inf, self._expires)
+
+    def _apply(self, round_: int, totals: dict[str, int] | None) -> None:
+        for r in self.cluster().replicas():
+            r.shared_load = -1 if totals is None else totals.get(replica_field(r.pool, r.url), 0)
+        self._in_force = -1 if totals is None else round_
+
+    # --- the background exchange -----------------------------------------------------------------------
+
+    async def exchange(self) -> Pending | None:
+        """Publish this process's counts; schedule everyone's counts of the store's previous round for the start
+        of its next round (totals None: no other process is there, the live view from then on). None if the
+        store is down."""
         mine = {replica_field(r.pool, r.url): r.in_flight for r in self.cluster().replicas() if r.in_flight}
-        last_round, last = self._last
-        payload = orjson.dumps({"r": current, "c": mine, "p": last if last_round == current - 1 else {}}).decode()
-        self._last = (current, mine)
+        payload = orjson.dumps({"c": mine, "h": self._history}).decode()
         try:
-            everyone = await self.store.share_load(self.process_id, payload, self.settings.ttl_s)
+            now_us, everyone = await self.store.share_load(self.process_id, payload, self.settings.ttl_s)
         except StoreUnavailable as err:
             self._unavailable(err)
-            everyone = {}
-        if not any(pid != self.process_id for pid in everyone):
-            self.stale()
-            return False
+            return None  # the snapshot in force expires on its own: at the same instant wherever the store failed
         self._warned = False
+        self._history = [(now_us, mine), *self._history[: HISTORY - 1]]
+        current = now_us // self.interval_us
+        # In force from the start of the next round, and for one more round if the next snapshot is late.
+        at, expires = ((current + n) * self.interval_us / 1_000_000 for n in (1, 3))
         totals: dict[str, int] = {}
-        for raw in everyone.values():
-            for name, n in (previous_round_counts(raw, current) or {}).items():
+        others = False  # whether another process published in that round: fixed once it is over, like the counts
+        for pid, (written_us, raw) in everyone.items():
+            counts = counts_of_round(written_us, raw, current - 1, self.interval_us)
+            if counts is None:
+                continue
+            others = others or pid != self.process_id
+            for name, n in counts.items():
                 totals[name] = totals.get(name, 0) + n
-        for r in self.cluster().replicas():
-            r.shared_load = totals.get(replica_field(r.pool, r.url), 0)
-        return True
+        return self._schedule(Pending(at, current - 1, totals if others else None, expires))
+
+    def _schedule(self, pending: Pending) -> Pending:
+        now = self.clock()
+        if now >= self._next_at:  # the one pending (the last round's) is due: it has its turn first
+            self._advance(now)
+        self._pending = pending
+        self._next_at = min(pending.at, self._expires)
+        return pending
 
     def stale(self) -> None:
-        """No snapshot every process shares this round: back to the live view until the next."""
-        for r in self.cluster().replicas():
-            r.shared_load = -1
+        """No snapshot every process shares: the live view now, until the next one comes into force."""
+        self._pending = None
+        self._apply(-1, None)
+        self._expires = self._next_at = math.inf
 
     async def run(self) -> None:
-        """One exchange at the start of every round, until cancelled."""
+        """One exchange in the middle of every round, until cancelled."""
         while True:
-            await asyncio.sleep(until_next_round(self.clock(), self.settings.interval_s))
+            await asyncio.sleep(until_exchange(self.clock(), self.settings.interval_s))
             try:
-                current = round_starting(self.clock(), self.settings.interval_s)
-                await self.exchange(current)
-                if self.round_now() > current:  # a slow store or a busy loop: the others are a round further
-                    self.stale()
+                await self.exchange()
             except Exception:  # a bug here must not end sharing silently for the process's life
                 log.exception("peer load: round failed")
                 self.stale()

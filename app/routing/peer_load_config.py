@@ -9,20 +9,25 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class PeerLoadSettings(BaseModel):
-    """Rounds of `interval_s` on the wall clock; in each, every process uses the counts all published in the last."""
+    """Rounds of `interval_s` on the wall clock; in each, every process uses the counts all published two before."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # On whenever the store is shared (Redis); a single process with the in-memory store has no peers.
     enabled: bool = True
-    # How late bounded load sees the requests (one to two rounds), and one store round trip per round. A process
-    # whose event loop or store call lags by more than a round falls back to its own live view for that round.
+    # How late bounded load sees the requests (1.5 to 2.5 rounds), and one store round trip per round. A process
+    # whose exchange (mid-round) has not returned by the next round's start decides one more round on the snapshot
+    # before, then on its own live view.
     interval_s: float = Field(0.1, gt=0, le=5.0)
     # A process that stops publishing (killed, store unreachable) is forgotten after this long.
     ttl_s: float = Field(1.0, gt=0)
+    # Adds `;snapshot=<round>;decided=<unix µs>` to x-kvgate-route: which round's counts decided (-1: the live view)
+    # and when, to measure agreement between processes (experiments/multi_gateway.py). Off: nothing per pick.
+    route_header: bool = False
 
     @model_validator(mode="after")
     def _ttl_spans_rounds(self) -> PeerLoadSettings:
         if self.ttl_s < 2 * self.interval_s:
+            # A round's publications must outlive the round after it, in which everyone reads them.
             raise ValueError("routing.peer_load.ttl_s must be at least twice interval_s (one late round is normal)")
         return self

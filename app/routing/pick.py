@@ -68,6 +68,7 @@ def pick(
             reason, detail = "failover", _out_of_rotation(home, exclude)
     if not candidates:
         raise upstream_unavailable(f"no healthy upstream replica for model {model.name!r}")
+    stamp = cluster.peer_clock() if cluster.peer_clock is not None else None
     sel = target.policy.select(candidates, key, blocks)
     if reason is None:
         reason = "failover" if exclude else sel.reason
@@ -83,4 +84,5 @@ def pick(
         detail=detail,
         target=sel.chosen,
         cached_tokens=sel.cached_tokens,
+        load_stamp=stamp,
     )

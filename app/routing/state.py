@@ -295,10 +295,13 @@ class PoolState:
 class ClusterState:
     """All pools by name, built from the config; the one object scrapers write and pick reads."""
 
-    __slots__ = ("memo", "pools")
+    __slots__ = ("memo", "peer_clock", "pools")
 
     def __init__(self, pools: dict[str, PoolState]) -> None:
         self.pools = pools
+        # Called by pick before a policy reads `shared_load`: brings the load snapshot due at this instant into
+        # force (app/routing/peer_load.py) and returns the route header's stamp (or None); None without sharing.
+        self.peer_clock: Callable[[], str | None] | None = None
         # Per-(model, class) lookups that only depend on the config this state was built from.
         self.memo: dict[Any, Any] = {}
 
@@ -335,7 +338,9 @@ class ClusterState:
                 rep.capacity = pcfg.max_num_seqs or 0
                 replicas.append(rep)
             pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
-        return cls(pools)
+        state = cls(pools)
+        state.peer_clock = previous.peer_clock if previous is not None else None
+        return state
 
     def replicas(self) -> Iterator[ReplicaState]:
         """Every replica of every pool."""

@@ -26,6 +26,16 @@ VOLATILE_KEEP_S = 7 * 86_400
 VOLATILE_PER_TENANT = 2048
 
 
+# share_load's answer: the store's clock (µs), and per live gateway process (µs its payload was written, payload).
+LoadShare = tuple[int, dict[str, tuple[int, str]]]
+
+
+def written_payload(value: str) -> tuple[int, str]:
+    """A stored "<written µs>|<payload>" split; written 0 for a value without a write time (an older gateway's)."""
+    head, bar, rest = value.partition("|")
+    return (int(head), rest) if bar and head.isdigit() else (0, value)
+
+
 class StoreUnavailable(Exception):
     """The store could not be reached (or answered too slowly); callers apply the fail mode."""
 
@@ -188,9 +198,9 @@ class Store(Protocol):
         """Each tenant's shared set of volatile template fingerprints (at most VOLATILE_PER_TENANT each)."""
         ...
 
-    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> dict[str, str]:
-        """Publish this gateway process's load payload, kept `ttl_s` (None: only read); every live process's
-        payload by process id, this one's included."""
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> LoadShare:
+        """Publish this gateway process's load payload, kept `ttl_s` (None: only read); the store's clock (µs)
+        and every live process's (µs it was written by that clock, payload) by process id, this one's included."""
         ...
 
     async def ping(self) -> None:

@@ -26,6 +26,7 @@ from app.store.base import (
     DayUsage,
     LimitReason,
     LimitSpec,
+    LoadShare,
     PoolUsage,
     Release,
     SpendRecord,
@@ -165,8 +166,8 @@ class MemoryStore:
         self._facts = Facts()
         # tenant -> volatile template fingerprint -> µs it was last added, oldest add first
         self._volatile: dict[str, OrderedDict[int, int]] = {}
-        # gateway process id -> (µs its load payload expires, the payload)
-        self._loads: dict[str, tuple[int, str]] = {}
+        # gateway process id -> (µs its load payload expires, µs it was written, the payload)
+        self._loads: dict[str, tuple[int, int, str]] = {}
 
     # -- limits --------------------------------------------------------------------------------
     async def admit(
@@ -371,14 +372,14 @@ class MemoryStore:
         if not held:
             del self._volatile[tenant_id]
 
-    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> dict[str, str]:
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> LoadShare:
         """Publish ours (unless None), drop the expired, return every live one's (gateways sharing this object)."""
         now = self._clock_us()
         if payload is not None:
-            self._loads[process_id] = (now + int(ttl_s * US), payload)
-        for pid in [pid for pid, (expires, _) in self._loads.items() if expires < now]:
+            self._loads[process_id] = (now + int(ttl_s * US), now, payload)
+        for pid in [pid for pid, (expires, _, _) in self._loads.items() if expires < now]:
             del self._loads[pid]
-        return {pid: p for pid, (_, p) in self._loads.items()}
+        return now, {pid: (written, p) for pid, (_, written, p) in self._loads.items()}
 
     async def ping(self) -> None:
         """Always reachable."""

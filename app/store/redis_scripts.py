@@ -130,19 +130,22 @@ return 0
 """
 )
 
-# KEYS: the load hash (field: gateway process id, value: "<expiry ms>|<its payload>")
+# KEYS: the load hash (field: gateway process id, value: "<expiry ms>|<written µs>|<its payload>")
 # ARGV: this process's id, ttl ms, its payload ('' = read only)
 # Publishes this process's payload (unless reading only), drops processes past their expiry (they died or lost
-# the store) and returns every live process's id and payload, this one's included. Expiry is by the server's
-# clock, so gateway hosts with skewed clocks still agree on who is alive.
+# the store) and returns the server's clock (µs), then every live process's id and "<written µs>|<payload>",
+# this one's included. Expiry and write times are by the server's clock, so gateway hosts with skewed clocks
+# still agree on who is alive and on which round a payload was published in (app/routing/peer_load.py).
 SHARE_LOAD = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+local stamp = string.format('%.0f', now_us)
 if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now + tonumber(ARGV[2])) .. '|' .. ARGV[3])
+  redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now + tonumber(ARGV[2])) .. '|' .. stamp .. '|' .. ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-local out = {}
+local out = {stamp}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local v = all[i + 1]

@@ -37,10 +37,12 @@ from app.store.base import (
     DayUsage,
     LimitReason,
     LimitSpec,
+    LoadShare,
     PoolUsage,
     Release,
     SpendRecord,
     StoreUnavailable,
+    written_payload,
 )
 from app.store.redis_scripts import ADMIT, ADMIT_KEYS, SETTLE, SETTLE_KEYS, SHARE_LOAD
 from app.store.resp import RespAddress, RespClient, RespError, ScriptCall, encode_command
@@ -347,11 +349,11 @@ class RedisStore:
         replies: list[list[str]] = await self._call(pipe.execute())
         return {tid: {int(m) for m in members if m.isdigit()} for tid, members in zip(tenant_ids, replies, strict=True)}
 
-    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> dict[str, str]:
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float) -> LoadShare:
         """One script on the load hash: publish ours (unless None), expire the silent, read every process's."""
         args = [process_id, str(max(int(ttl_s * 1000), 1)), payload or ""]
         reply: list[str] = await self._call(self._share_load(keys=[f"{self._p}in_flight"], args=args))
-        return dict(zip(reply[::2], reply[1::2], strict=True))
+        return int(reply[0]), {pid: written_payload(v) for pid, v in zip(reply[1::2], reply[2::2], strict=True)}
 
     async def ping(self) -> None:
         """Raise StoreUnavailable unless Redis answers."""
