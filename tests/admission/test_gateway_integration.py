@@ -36,7 +36,10 @@ def gateway_on_sim(admission: dict[str, Any], **sim: Any) -> Iterator[tuple[str,
             pools={"main": {
                 "role": "interactive", "served_model": "served-model", "replicas": [url], "policy": "round_robin",
                 "price": {"input_per_m": 1.0, "cached_input_per_m": 0.1, "output_per_m": 2.0},
-                "admission": {"enabled": True, "max_waiting_per_replica": 1, **admission},
+                # A queued request here waits out two ~1 s requests: the 2 s interactive deadline would refuse it
+                # on a loaded machine; the deadline test sets its own.
+                "admission": {"enabled": True, "max_waiting_per_replica": 1,
+                              "deadline_s": {"interactive": 30, "bulk": 30}, **admission},
             }},
             upstream={"connect_timeout_s": 1, "read_timeout_s": 30, "max_body_bytes": 65536, "retries": 0},
             routing={"probe_interval_s": 0.05, "healthy_after": 1, "unhealthy_after": 3},
