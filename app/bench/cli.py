@@ -59,7 +59,9 @@ def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
 def configure_parser(p: argparse.ArgumentParser) -> None:
     """Add the bench's arguments to `p`."""
     target = p.add_argument_group("target")
-    target.add_argument("--base-url", required=True, help="OpenAI-compatible URL (gateway, kvgate sim, vLLM)")
+    target.add_argument("--base-url", required=True, action="append",
+                        help="OpenAI-compatible URL (gateway, kvgate sim, vLLM); repeat it for several gateway "
+                        "processes: sessions are spread over them, each session on one")  # fmt: skip
     target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="API key for one tenant (default: $OPENAI_API_KEY)")
     target.add_argument("--api-keys", default=None, help="comma-separated keys; sessions spread over them")
@@ -132,7 +134,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     workload = "agent-static" if args.no_volatile and args.workload == "agent" else args.workload
     keys = tuple(k.strip() for k in args.api_keys.split(",") if k.strip()) if args.api_keys else ()
     return BenchSpec(
-        base_url=args.base_url, workload=workload, api=args.api, model=args.model, api_key=args.api_key, api_keys=keys,
+        base_url=args.base_url[0], more_base_urls=tuple(args.base_url[1:]), workload=workload, api=args.api,
+        model=args.model, api_key=args.api_key, api_keys=keys,
         tenants=args.tenants, concurrency=args.concurrency[0], rate=args.rate, requests=args.requests,
         warmup=max(args.warmup, 0),
         duration_s=args.duration, seed=args.seed, max_tokens=args.max_tokens, mixed_ratio=args.mixed_ratio,

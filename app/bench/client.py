@@ -32,12 +32,14 @@ def _error_message(raw: bytes) -> str:
 class BenchClient:
     """Sends BenchRequests to an OpenAI-compatible API; create inside a running loop, close when done."""
 
-    def __init__(self, base_url: str, connections: int, timeout_s: float, api: str = "chat") -> None:
+    def __init__(self, base_url: str, connections: int, timeout_s: float, api: str = "chat",
+                 more_base_urls: tuple[str, ...] = ()) -> None:  # fmt: skip
         if api not in PATHS:
             raise ValueError(f"unknown api {api!r}")
         self.root = api_root(base_url)
         self.api = api
-        self._url = self.root + PATHS[api]
+        # Session i to URL i mod n: a session's turns stay on one gateway process.
+        self._urls = [api_root(u) + PATHS[api] for u in (base_url, *more_base_urls)]
         self._on_event = STREAM_READERS[api]
         connector = aiohttp.TCPConnector(limit=max(connections, 1), limit_per_host=0, force_close=False)
         self._session = aiohttp.ClientSession(
@@ -71,7 +73,8 @@ class BenchClient:
         start = time.perf_counter()
         rec.start_s = start - t0
         try:
-            async with self._session.post(self._url, data=payload, headers=headers) as resp:
+            url = self._urls[req.session % len(self._urls)]
+            async with self._session.post(url, data=payload, headers=headers) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {_error_message(await resp.read())}"

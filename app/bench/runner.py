@@ -105,7 +105,7 @@ async def run_bench(spec: BenchSpec) -> BenchResult:
                               prompt_tokens=spec.prompt_tokens, tokenizer=spec.tokenizer)
     workload = Workload(spec.workload, options)
     connections = spec.concurrency if spec.rate is None else spec.max_inflight
-    client = BenchClient(spec.base_url, connections + 4, spec.timeout_s, spec.api)
+    client = BenchClient(spec.base_url, connections + 4, spec.timeout_s, spec.api, spec.more_base_urls)
     try:
         model = spec.model or await client.first_model(options.key_for(0))
         t0 = time.perf_counter()

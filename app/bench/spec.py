@@ -28,6 +28,9 @@ class BenchSpec:
     """One bench run: target, workload, load shape, bounds, SLOs and prices."""
 
     base_url: str
+    # Further gateway processes: session i goes to URL i mod n of (base_url, *these) for all its turns, as a load
+    # balancer in front of several gateways keeps a client on one.
+    more_base_urls: tuple[str, ...] = ()
     workload: str = "chat"
     api: str = "chat"  # chat | responses | messages: which API carries the workload (app/bench/apis.py)
     model: str | None = None  # None: the first id from GET /v1/models

@@ -58,7 +58,8 @@ def render_table(results: Sequence[BenchResult]) -> Table:
         slo.append(f"TTFT≤{first.slo_ttft_ms:g}ms")
     if first.slo_tpot_ms is not None:
         slo.append(f"TPOT≤{first.slo_tpot_ms:g}ms")
-    title = f"kvgate bench — {first.model} at {first.base_url}" + (f" — SLO {', '.join(slo)}" if slo else "")
+    targets = ", ".join((first.base_url, *first.more_base_urls))
+    title = f"kvgate bench — {first.model} at {targets}" + (f" — SLO {', '.join(slo)}" if slo else "")
     table = Table(title=title)
     table.add_column("metric")
     for r in results:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
@@ -137,3 +139,15 @@ async def test_warmup_requests_are_sent_but_left_out_of_the_summary() -> None:
     assert [r.warmup for r in result.records] == [True] * 4 + [False] * 6
     assert result.summary.requests == 6 and result.summary.output_tokens == 6 * 2
     assert result.summary.wall_s > 0
+
+
+async def test_several_base_urls_each_serve_whole_sessions_spread_over_them() -> None:
+    fakes = [FakeOpenAI(tokens=2, first_delay_s=0.0, token_delay_s=0.0) for _ in range(2)]
+    async with serving(fakes[0]) as first, serving(fakes[1]) as second:
+        result = await run_bench(BenchSpec(base_url=first, more_base_urls=(second,), workload="agent",
+                                           model="fake-model", concurrency=4, requests=16))  # fmt: skip
+    assert result.summary.ok == 16
+    sessions = [{int(re.search(r"Session ID: sess_(\d+)", r["body"]["messages"][0]["content"]).group(1))  # type: ignore[union-attr]
+                 for r in fake.received} for fake in fakes]  # fmt: skip
+    assert sessions[0] and sessions[1], "both gateways got sessions"
+    assert all(s % 2 == 0 for s in sessions[0]) and all(s % 2 == 1 for s in sessions[1]), "each session on one URL"
