@@ -10,6 +10,9 @@ import orjson
 from app.bench.apis import PATHS, STREAM_READERS, to_body, whole_text
 from app.bench.spec import RequestRecord
 from app.bench.workloads import BenchRequest
+from app.headers import COST_USD as COST_HEADER
+
+_COST_TRAILER = b": " + COST_HEADER.encode() + b" "  # a kvgate stream's cost, in an SSE comment before its end
 
 
 def api_root(base_url: str) -> str:
@@ -76,6 +79,9 @@ class BenchClient:
             url = self._urls[req.session % len(self._urls)]
             async with self._session.post(url, data=payload, headers=headers) as resp:
                 rec.status = resp.status
+                cost = resp.headers.get(COST_HEADER)
+                if cost is not None:
+                    rec.cost_usd = float(cost)
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {_error_message(await resp.read())}"
                     rec.e2e_s = time.perf_counter() - start
@@ -101,6 +107,7 @@ class BenchClient:
         buf = b""
         last_token_at = 0.0
         done = False
+        rest: list[bytes] = []  # lines after the final event (a kvgate gateway's cost trailer follows it)
         on_event = self._on_event
         # Split whole reads ourselves: several events in one read cost one await, not one per line. With one
         # event per read it costs the same as readline, ~27 µs of CPU per chunk (experiments/bench_client_cost.py).
@@ -112,8 +119,10 @@ class BenchClient:
             *lines, buf = buf.split(b"\n")
             # The one SSE framer for all three APIs: every event's payload is on its `data:` line (Responses and
             # Messages repeat the event name inside it as `type`), so `event:` lines are skipped.
-            for line in lines:
+            for i, line in enumerate(lines):
                 if not line.startswith(b"data:"):
+                    if line.startswith(_COST_TRAILER):
+                        rec.cost_usd = float(line[len(_COST_TRAILER) :])
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
@@ -138,11 +147,14 @@ class BenchClient:
                     last_token_at = now
                 if finished:
                     done = True
+                    rest = lines[i + 1 :]
                     break
             if done:
                 break
         end = time.perf_counter()
         rec.e2e_s = end - start
+        if done and rec.cost_usd is None:
+            await self._read_trailer(resp, [*rest, buf], rec)
         if not done and not rec.usage_reported and rec.token_chunks == 0:
             rec.error = "stream ended without data"
             return ""
@@ -153,3 +165,15 @@ class BenchClient:
             rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1)
         rec.ok = True
         return "".join(parts)
+
+    @staticmethod
+    async def _read_trailer(resp: aiohttp.ClientResponse, lines: list[bytes], rec: RequestRecord) -> None:
+        """The cost a kvgate gateway writes after a Responses or Messages stream's final event (read to the end of
+        the stream, after the request's times were taken; a stream without one just ends)."""
+        tail = b"\n".join(lines)
+        async for chunk in resp.content.iter_any():
+            tail += chunk
+        for line in tail.split(b"\n"):
+            if line.startswith(_COST_TRAILER):
+                rec.cost_usd = float(line[len(_COST_TRAILER) :])
+                return

@@ -70,6 +70,8 @@ class Summary:
     goodput_ratio: float | None
     cost: CostSummary
     usage_missing: int = 0
+    # What the gateway billed the measured requests (sum of x-kvgate-cost-usd); None when nothing reported one.
+    gateway_cost_usd: float | None = None
 
 
 def meets_slo(rec: RequestRecord, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> bool:
@@ -188,7 +190,13 @@ def summarize(records: Sequence[RequestRecord], wall_s: float, spec: BenchSpec) 
         goodput_ratio=goodput_ratio,
         cost=cost_summary(spec.pricing, span, w_uncached, window.cached_tokens, round(window.output_tokens)),
         usage_missing=sum(1 for r in ok if not r.usage_reported),
+        gateway_cost_usd=_billed(measured),
     )
+
+
+def _billed(records: list[RequestRecord]) -> float | None:
+    billed = [r.cost_usd for r in records if r.cost_usd is not None]
+    return sum(billed) if billed else None
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     ("$/M output tokens", lambda s: _usd(s.cost.usd_per_m_output)),
     ("$/M tokens (in+out)", lambda s: _usd(s.cost.usd_per_m_total)),
     ("run cost / reference", lambda s: f"{_usd(s.cost.run_cost_usd)} / {_usd(s.cost.reference_cost_usd)}"),
+    ("billed by the gateway", lambda s: _f(s.gateway_cost_usd, "${:,.6f}")),
     ("savings vs reference", lambda s: "-" if s.cost.savings_ratio is None else
      f"{_usd(s.cost.savings_usd)} ({s.cost.savings_ratio * 100:.0f}%)"),
 ]

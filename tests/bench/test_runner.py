@@ -151,3 +151,26 @@ async def test_several_base_urls_each_serve_whole_sessions_spread_over_them() ->
                  for r in fake.received} for fake in fakes]  # fmt: skip
     assert sessions[0] and sessions[1], "both gateways got sessions"
     assert all(s % 2 == 0 for s in sessions[0]) and all(s % 2 == 1 for s in sessions[1]), "each session on one URL"
+
+
+async def test_the_cost_a_kvgate_gateway_bills_is_recorded_per_request_and_summed() -> None:
+    from app.api.app import create_app
+    from app.config import parse_config
+    from app.sim.options import SimOptions
+    from app.sim.server import create_sim_app
+    from tests.servers import serve_in_thread
+
+    pool = {"role": "interactive", "served_model": "served", "price": {"input_per_m": 1.0, "output_per_m": 2.0}}
+    with serve_in_thread(create_sim_app(SimOptions(model="served"))) as sim:
+        raw = {"models": [{"name": "m", "pools": ["main"]}], "pools": {"main": {**pool, "replicas": [sim]}},
+               "auth": {"required": False}}  # fmt: skip
+        cfg = parse_config(raw, env={})
+        with serve_in_thread(create_app(cfg)) as gateway:
+            runs = [
+                await run_bench(BenchSpec(base_url=gateway, api=api, model="m", concurrency=2, requests=4,
+                                          max_tokens=4, stream=stream))
+                for api in ("chat", "responses", "messages") for stream in (True, False)
+            ]  # fmt: skip
+    for result in runs:
+        assert all(r.cost_usd is not None and r.cost_usd > 0 for r in result.records), result.spec.api
+        assert result.summary.gateway_cost_usd == pytest.approx(sum(r.cost_usd or 0 for r in result.records))
