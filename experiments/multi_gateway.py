@@ -50,6 +50,7 @@ from experiments.procs import free_port, wait_http  # noqa: E402
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 SPENDER, LIMITED, ADMIN = "sk-mg-spender", "sk-mg-limited", "sk-mg-admin"
+BENCHER, BENCH_LIMITED = "sk-mg-bencher", "sk-mg-bench-limited"  # the tenants `kvgate bench` drives
 RPM = 20
 BURSTS = 5  # one fresh tenant per burst: each starts with a whole minute's allowance
 PREFIXES = 24
@@ -134,6 +135,8 @@ def _gateway_config(sims: list[str], redis_url: str, prefix: str, args: argparse
         "tenants": [
             {"id": "spender", "api_keys": [SPENDER], "limits": {"rpm": 1_000_000}},
             *({"id": f"limited{k}", "api_keys": [f"{LIMITED}-{k}"], "limits": {"rpm": RPM}} for k in range(BURSTS)),
+            {"id": "bencher", "api_keys": [BENCHER], "limits": {"rpm": 1_000_000}},
+            {"id": "bench-limited", "api_keys": [BENCH_LIMITED], "limits": {"rpm": RPM}},
         ],
         "auth": {"required": True, "admin_keys": [ADMIN]},
         "routing": {"probe_interval_s": 0.5,
@@ -281,6 +284,40 @@ async def limit_burst(stack: Stack, k: int) -> tuple[collections.Counter[int], c
     codes = await asyncio.gather(*(one(i) for i in range(3 * RPM)))
     await clients.close()
     return collections.Counter(codes), collections.Counter(live[i % len(live)] for i in range(3 * RPM))
+
+
+@dataclass
+class BenchPhase:
+    """`kvgate bench` across every live gateway process: its records, and how many went to each process."""
+
+    records: list[dict[str, Any]]
+    sent: collections.Counter[str]
+
+
+def kvgate_bench(stack: Stack, key: str, name: str, extra: list[str]) -> BenchPhase:
+    """Run `kvgate bench` with one --base-url per live gateway process (sessions spread over them, session i on
+    process i mod n) and read its per-request records."""
+    live = [n for n in stack.gateways if stack.procs[f"gw{n}"].poll() is None]
+    out = stack.workdir / f"bench-{name}.json"
+    urls = [a for n in live for a in ("--base-url", stack.gateways[n])]
+    subprocess.run([KVGATE, "bench", *urls, "--api-key", key, "--model", "m", "--quiet", "--json", str(out),
+                    *extra], capture_output=True, timeout=300, cwd=ROOT)  # fmt: skip
+    records = json.loads(out.read_text())["records"]
+    return BenchPhase(records, collections.Counter(live[r["session"] % len(live)] for r in records))
+
+
+async def bench_spend(stack: Stack, phase: BenchPhase, tenant: str) -> tuple[Decimal, Decimal]:
+    """What `kvgate bench` summed of x-kvgate-cost-usd (every answered request) against the tenant's spend in Redis."""
+    billed = sum((Decimal(str(r["cost_usd"])) for r in phase.records if r["cost_usd"] is not None), Decimal(0))
+    ok = sum(1 for r in phase.records if r["status"] == 200)
+    live = next(u for n, u in stack.gateways.items() if stack.procs[f"gw{n}"].poll() is None)
+    async with httpx.AsyncClient(base_url=live, headers={"authorization": f"Bearer {ADMIN}"}) as http:
+        for _ in range(100):
+            total = (await http.get(f"/admin/tenants/{tenant}/usage?days=1")).json()["total"]
+            if total["requests"] >= ok:
+                break
+            await asyncio.sleep(0.1)
+    return billed, Decimal(total["usd_micros"]) / 1_000_000
 
 
 @dataclass(frozen=True)
@@ -567,7 +604,16 @@ async def run(args: argparse.Namespace) -> None:
         bursts = [await asyncio.wait_for(limit_burst(stack, k), 120) for k in range(BURSTS)]
         burst_sent = sum((b[1] for b in bursts), collections.Counter())
         header_sum, stored, ok, stored_n = await spend_check(stack, light + loaded)
-        sent = collections.Counter(o.gateway for o in light + loaded) + burst_sent
+        # The issue's driver: `kvgate bench` across every live process, agent sessions (spend) and one burst at a
+        # fresh rpm-limited tenant (the limit), sessions spread over the processes.
+        spend_phase = kvgate_bench(stack, BENCHER, "spend", ["--workload", "agent", "--requests", "96", "--warmup",
+                                                            "0", "--concurrency", "12", "--max-tokens", "16"])
+        limit_phase = kvgate_bench(stack, BENCH_LIMITED, "limit", ["--workload", "chat", "--requests", str(3 * RPM),
+                                                                  "--concurrency", str(3 * RPM), "--max-tokens", "2",
+                                                                  "--no-stream", "--warmup", "0"])  # fmt: skip
+        bench_billed, bench_stored = await bench_spend(stack, spend_phase, "bencher")
+        sent = (collections.Counter(o.gateway for o in light + loaded) + burst_sent + spend_phase.sent
+                + limit_phase.sent)  # fmt: skip
         audit = metrics_audit(stack, {n: sent.get(n, 0) for n in stack.gateways})
     finally:
         stop(stack)
@@ -662,6 +708,16 @@ async def run(args: argparse.Namespace) -> None:
     )
     if args.kill:
         print("(B was SIGKILLed mid-run: requests it settled but could not answer are in Redis without a header)")
+
+    print("\n## Driven by `kvgate bench` across every live gateway process (one --base-url each)\n")
+    statuses = collections.Counter(r["status"] for r in limit_phase.records)
+    verdict = "exact" if statuses.get(200) == RPM and statuses.get(429) == 2 * RPM else "NOT exact"
+    print(f"rpm {RPM}/min, {3 * RPM} requests at once over {dict(limit_phase.sent)}: status {dict(statuses)} "
+          f"-> {verdict}")
+    bench_ok = sum(1 for r in spend_phase.records if r["status"] == 200)
+    print(f"agent sessions, {bench_ok} of {len(spend_phase.records)} answered over {dict(spend_phase.sent)}: "
+          f"billed (sum of x-kvgate-cost-usd the bench recorded) {bench_billed:.6f} USD; in Redis "
+          f"{bench_stored:.6f} USD; difference {bench_stored - bench_billed:+.6f} USD")  # fmt: skip
     print("\n## /metrics per process (4 scrapes each, new connection each)\n")
     print("| gateway | each family once | worker labels | gateway_requests_total / requests sent |")
     print("|---|---|---|---|")
