@@ -309,15 +309,8 @@ def kvgate_bench(stack: Stack, key: str, name: str, extra: list[str]) -> BenchPh
 async def bench_spend(stack: Stack, phase: BenchPhase, tenant: str) -> tuple[Decimal, Decimal]:
     """What `kvgate bench` summed of x-kvgate-cost-usd (every answered request) against the tenant's spend in Redis."""
     billed = sum((Decimal(str(r["cost_usd"])) for r in phase.records if r["cost_usd"] is not None), Decimal(0))
-    ok = sum(1 for r in phase.records if r["status"] == 200)
-    live = next(u for n, u in stack.gateways.items() if stack.procs[f"gw{n}"].poll() is None)
-    async with httpx.AsyncClient(base_url=live, headers={"authorization": f"Bearer {ADMIN}"}) as http:
-        for _ in range(100):
-            total = (await http.get(f"/admin/tenants/{tenant}/usage?days=1")).json()["total"]
-            if total["requests"] >= ok:
-                break
-            await asyncio.sleep(0.1)
-    return billed, Decimal(total["usd_micros"]) / 1_000_000
+    stored, _ = await stored_usage(stack, tenant, sum(1 for r in phase.records if r["status"] == 200))
+    return billed, stored
 
 
 @dataclass(frozen=True)
@@ -561,17 +554,23 @@ def metrics_audit(stack: Stack, sent: dict[str, int]) -> list[tuple[str, str, st
     return rows
 
 
-async def spend_check(stack: Stack, outcomes: list[Outcome]) -> tuple[Decimal, Decimal, int, int]:
-    header_sum = sum((o.cost for o in outcomes if o.status == 200), Decimal(0))
+async def stored_usage(stack: Stack, tenant: str, ok: int) -> tuple[Decimal, int]:
+    """The tenant's spend and request count in Redis (admin API of a live process), once `ok` requests are in."""
     live = next(u for n, u in stack.gateways.items() if stack.procs[f"gw{n}"].poll() is None)
-    ok = sum(1 for o in outcomes if o.status == 200)
     async with httpx.AsyncClient(base_url=live, headers={"authorization": f"Bearer {ADMIN}"}) as http:
         for _ in range(100):
-            total = (await http.get("/admin/tenants/spender/usage?days=1")).json()["total"]
+            total = (await http.get(f"/admin/tenants/{tenant}/usage?days=1")).json()["total"]
             if total["requests"] >= ok:
                 break
             await asyncio.sleep(0.1)
-    return header_sum, Decimal(total["usd_micros"]) / 1_000_000, ok, int(total["requests"])
+    return Decimal(total["usd_micros"]) / 1_000_000, int(total["requests"])
+
+
+async def spend_check(stack: Stack, outcomes: list[Outcome]) -> tuple[Decimal, Decimal, int, int]:
+    header_sum = sum((o.cost for o in outcomes if o.status == 200), Decimal(0))
+    ok = sum(1 for o in outcomes if o.status == 200)
+    stored, stored_n = await stored_usage(stack, "spender", ok)
+    return header_sum, stored, ok, stored_n
 
 
 def dump(
