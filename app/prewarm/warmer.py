@@ -86,11 +86,10 @@ class Prewarmer:
         self._duration: Histogram | None = None
         self._tokens: Counter | None = None
         if meter is not None:
-            req, runs, dur, tok = ins.PREWARM_REQUESTS, ins.PREWARM_RUNS, ins.PREWARM_DURATION, ins.PREWARM_TOKENS
-            self._requests = meter.create_counter(req.name, req.unit, req.description)
-            self._runs = meter.create_counter(runs.name, runs.unit, runs.description)
-            self._duration = meter.create_histogram(dur.name, dur.unit, dur.description)
-            self._tokens = meter.create_counter(tok.name, tok.unit, tok.description)
+            self._requests = ins.instrument(meter, ins.PREWARM_REQUESTS)
+            self._runs = ins.instrument(meter, ins.PREWARM_RUNS)
+            self._duration = ins.instrument(meter, ins.PREWARM_DURATION)
+            self._tokens = ins.instrument(meter, ins.PREWARM_TOKENS)
 
     async def start(self) -> None:
         """Open the replays' own connection pool (requests to other replicas never wait behind it)."""

@@ -335,9 +335,6 @@ class Discoverer:
             for name, pool in self.pools.items():
                 yield Observation(pool.changes, {"pool": name})
 
-        for spec, callback, create in (
-            (ins.DISCOVERY_REPLICAS, replicas, meter.create_observable_gauge),
-            (ins.DISCOVERY_ERRORS, errors, meter.create_observable_counter),
-            (ins.DISCOVERY_CHANGES, changes, meter.create_observable_counter),
-        ):
-            create(spec.name, [callback], spec.unit, spec.description)
+        for spec, callback in ((ins.DISCOVERY_REPLICAS, replicas), (ins.DISCOVERY_ERRORS, errors),
+                               (ins.DISCOVERY_CHANGES, changes)):  # fmt: skip
+            ins.observe(meter, spec, callback)

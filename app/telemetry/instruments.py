@@ -7,7 +7,13 @@ exporter to it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
 from app.telemetry.aggregate import MetricSpec, MetricStore, Observe
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 # Bucket boundaries of the GenAI semantic conventions (v1.41).
 TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))  # 1 … 67108864
@@ -144,6 +150,21 @@ METER_METRICS = (
     (DISCOVERY_CHANGES, "counter"), (PREWARM_REQUESTS, "counter"), (PREWARM_RUNS, "counter"),
     (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"),
 )  # fmt: skip
+_METER_KINDS = {spec.name: kind for spec, kind in METER_METRICS}
+
+
+def observe(meter: Meter, spec: MetricSpec, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> None:
+    """Register `spec` on the meter as the observable instrument of the kind METER_METRICS gives it."""
+    kind = _METER_KINDS[spec.name]
+    create = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
+    create(spec.name, [callback], spec.unit, spec.description)
+
+
+def instrument(meter: Meter, spec: MetricSpec) -> Any:
+    """`spec` on the meter as the synchronous counter or histogram METER_METRICS says it is."""
+    kind = _METER_KINDS[spec.name]
+    create = meter.create_histogram if kind == "histogram" else meter.create_counter
+    return create(spec.name, spec.unit, spec.description)
 
 # The Prometheus family name of each metric (histograms expose _bucket/_sum/_count under it).
 PROMETHEUS_NAMES = {

@@ -22,31 +22,13 @@ def register_kv_metrics(meter: Meter, hub: KvEventsHub) -> None:
 
         return callback
 
-    meter.create_observable_counter(
-        ins.KV_EVENTS_RECEIVED.name, [per_replica(lambda u: hub.stats(u).events)], ins.KV_EVENTS_RECEIVED.unit,
-        ins.KV_EVENTS_RECEIVED.description,
-    )  # fmt: skip
-    meter.create_observable_counter(
-        ins.KV_EVENTS_GAPS.name, [per_replica(lambda u: hub.stats(u).gaps)], ins.KV_EVENTS_GAPS.unit,
-        ins.KV_EVENTS_GAPS.description,
-    )  # fmt: skip
-    meter.create_observable_counter(
-        ins.KV_EVENTS_REPLAYS.name, [per_replica(lambda u: hub.stats(u).replays)], ins.KV_EVENTS_REPLAYS.unit,
-        ins.KV_EVENTS_REPLAYS.description,
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        ins.KV_EVENTS_LAG.name, [per_replica(lambda u: hub.stats(u).lag_s)], ins.KV_EVENTS_LAG.unit,
-        ins.KV_EVENTS_LAG.description,
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        ins.KV_EVENTS_WHOLE.name, [per_replica(lambda u: 1.0 if hub.is_whole(u) else 0.0)], ins.KV_EVENTS_WHOLE.unit,
-        ins.KV_EVENTS_WHOLE.description,
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        ins.KV_EVENTS_INDEX_BLOCKS.name, [lambda o: [Observation(hub.index_size())]], ins.KV_EVENTS_INDEX_BLOCKS.unit,
-        ins.KV_EVENTS_INDEX_BLOCKS.description,
-    )  # fmt: skip
-    meter.create_observable_counter(
-        ins.KV_EVENTS_FALLBACKS.name, [lambda o: [Observation(hub.fallbacks)]], ins.KV_EVENTS_FALLBACKS.unit,
-        ins.KV_EVENTS_FALLBACKS.description,
-    )  # fmt: skip
+    for spec, callback in (
+        (ins.KV_EVENTS_RECEIVED, per_replica(lambda u: hub.stats(u).events)),
+        (ins.KV_EVENTS_GAPS, per_replica(lambda u: hub.stats(u).gaps)),
+        (ins.KV_EVENTS_REPLAYS, per_replica(lambda u: hub.stats(u).replays)),
+        (ins.KV_EVENTS_LAG, per_replica(lambda u: hub.stats(u).lag_s)),
+        (ins.KV_EVENTS_WHOLE, per_replica(lambda u: 1.0 if hub.is_whole(u) else 0.0)),
+        (ins.KV_EVENTS_INDEX_BLOCKS, lambda o: [Observation(hub.index_size())]),
+        (ins.KV_EVENTS_FALLBACKS, lambda o: [Observation(hub.fallbacks)]),
+    ):
+        ins.observe(meter, spec, callback)
