@@ -20,7 +20,8 @@ fails, it is out of the pool), so the pool routes over A and B. Then:
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/prewarm_eval.py --api messages   # or responses
 
 `--api messages|responses` sends the same sessions through /v1/messages (system, Anthropic tools) or /v1/responses
-(instructions, input items, flat function tools, store: false), as Claude Code and Codex do.
+(instructions, input items, flat function tools), as Claude Code and Codex do: `kvgate bench`'s own re-shaping
+(app/bench/apis.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.bench.apis import API_NAMES, PATHS, to_body, whole_text  # noqa: E402
+from app.bench.spec import RequestRecord  # noqa: E402
 from app.bench.workloads import Session, Workload, WorkloadOptions  # noqa: E402
 from experiments.procs import free_port, metric_sum, scrape, wait_http  # noqa: E402
 
@@ -101,53 +104,9 @@ def gateway_config(sims: list[str], tenants: int, prewarm: bool) -> dict[str, An
     }  # fmt: skip
 
 
-def _system_and_turns(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-    messages = body["messages"]
-    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
-    turns = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
-    return system, turns, [t["function"] for t in body.get("tools") or ()]
-
-
-def as_messages(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """The agent workload's chat request as Anthropic Messages (system prompt, `input_schema` tools)."""
-    system, turns, tools = _system_and_turns(body)
-    out = {"model": body["model"], "max_tokens": max_tokens, "system": system, "messages": turns}
-    if tools:
-        out["tools"] = [{"name": t["name"], "description": t.get("description", ""), "input_schema": t["parameters"]}
-                        for t in tools]  # fmt: skip
-    if isinstance(body.get("tool_choice"), str):  # the workload's "none" (vLLM's "auto" needs a tool parser)
-        out["tool_choice"] = {"type": body["tool_choice"]}
-    return out
-
-
-def as_responses(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """The agent workload's chat request as Responses (instructions, message items, flat function tools)."""
-    system, turns, tools = _system_and_turns(body)
-    out = {"model": body["model"], "max_output_tokens": max_tokens, "instructions": system, "store": False,
-           "input": [{"type": "message", **t} for t in turns]}  # fmt: skip
-    if tools:
-        out["tools"] = [{"type": "function", **t} for t in tools]
-    if body.get("tool_choice") is not None:
-        out["tool_choice"] = body["tool_choice"]
-    return out
-
-
-def reply_of(api: str, doc: dict[str, Any]) -> tuple[int, int, str]:
-    """Prompt tokens, cached tokens and the reply text of one answer of `api`."""
-    usage = doc.get("usage") or {}
-    if api == "messages":
-        cached = int(usage.get("cache_read_input_tokens") or 0)
-        prompt = int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
-        return prompt, cached, "".join(b.get("text", "") for b in doc.get("content") or ())
-    if api == "responses":
-        text = "".join(c.get("text", "") for item in doc.get("output") or () for c in item.get("content") or ())
-        cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
-        return int(usage.get("input_tokens") or 0), cached, text
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    return int(usage.get("prompt_tokens") or 0), cached, doc["choices"][0]["message"].get("content") or ""
-
-
-API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+def api_path(api: str) -> str:
+    """The path `api` is served on."""
+    return "/v1" + PATHS[api]
 
 
 class Load:
@@ -182,19 +141,20 @@ class Load:
     async def _turn(self, client: httpx.AsyncClient, session: Session) -> None:
         req = session.next_request("m", stream=False)
         req.body["max_tokens"] = self.max_tokens
-        body = {"messages": as_messages, "responses": as_responses}.get(self.api, lambda b, _: b)(
-            req.body, self.max_tokens)
+        body = to_body(self.api, req.body)  # kvgate bench's own re-shaping, the same prompt on each API
         rid = uuid.uuid4().hex
         sent = Sent(rid, req.tenant, req.turn, after_join=self.joined)
         t0 = time.monotonic()
-        r = await client.post(API_PATHS[self.api], json=body,
+        r = await client.post(api_path(self.api), json=body,
                               headers={**req.headers, "authorization": f"Bearer {req.api_key}", "x-request-id": rid})
         sent.seconds = time.monotonic() - t0
         if r.status_code != 200:
             self.errors += 1
             session.record_reply("")
             return
-        sent.prompt, sent.cached, text = reply_of(self.api, r.json())
+        rec = RequestRecord(0, req.session, req.turn, req.tenant, req.route_class)
+        text = whole_text(self.api, r.json(), rec)
+        sent.prompt, sent.cached = rec.prompt_tokens, rec.cached_tokens
         self.sent[rid] = sent
         if len(self.sent) >= self.warm:
             self.warmed.set()
@@ -295,7 +255,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--seeds", default="7,8,9", help="one run of both arms per seed (sessions and ports differ)")
     p.add_argument("--time-limit-s", type=float, default=240)
-    p.add_argument("--api", choices=sorted(API_PATHS), default="chat", help="the API the sessions speak")
+    p.add_argument("--api", choices=API_NAMES, default="chat", help="the API the sessions speak")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-prewarm-"))
@@ -304,7 +264,7 @@ def main() -> None:
     for seed in (int(x) for x in args.seeds.split(",")):
         args.seed = seed
         results += [asyncio.run(run_arm(arm, args, workdir)) for arm in ARMS]
-    print(f"\nlogs in {workdir}; {API_PATHS[args.api]}, {args.tenants} tenants, {args.concurrency} sessions in "
+    print(f"\nlogs in {workdir}; {api_path(args.api)}, {args.tenants} tenants, {args.concurrency} sessions in "
           f"flight, C joins after {args.warm} requests, C's first {args.first_n} client requests\n")  # fmt: skip
     print("| arm | seed | C's requests measured | cached-token ratio on C | on C, first turns | mean latency on C (s) "
           "| others' ratio after join | pre-warm replays | replayed tokens | held (s) | C's first request after (s) "
