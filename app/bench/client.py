@@ -15,6 +15,14 @@ from app.headers import COST_USD as COST_HEADER
 _COST_TRAILER = b": " + COST_HEADER.encode() + b" "  # a kvgate stream's cost, in an SSE comment before its end
 
 
+def _note_cost(line: bytes, rec: RequestRecord) -> bool:
+    """Record the cost a kvgate stream's trailer line states; False for any other line."""
+    if not line.startswith(_COST_TRAILER):
+        return False
+    rec.cost_usd = float(line[len(_COST_TRAILER) :])
+    return True
+
+
 def api_root(base_url: str) -> str:
     """`http://h:p` or `http://h:p/v1` → `http://h:p/v1`."""
     root = base_url.rstrip("/")
@@ -121,8 +129,7 @@ class BenchClient:
             # Messages repeat the event name inside it as `type`), so `event:` lines are skipped.
             for i, line in enumerate(lines):
                 if not line.startswith(b"data:"):
-                    if line.startswith(_COST_TRAILER):
-                        rec.cost_usd = float(line[len(_COST_TRAILER) :])
+                    _note_cost(line, rec)
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
@@ -174,6 +181,5 @@ class BenchClient:
         async for chunk in resp.content.iter_any():
             tail += chunk
         for line in tail.split(b"\n"):
-            if line.startswith(_COST_TRAILER):
-                rec.cost_usd = float(line[len(_COST_TRAILER) :])
+            if _note_cost(line, rec):
                 return
