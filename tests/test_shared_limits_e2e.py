@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +23,7 @@ import redis
 import yaml
 
 from app.sim.testing import running_sim
+from tests.gateway_process import GatewayProcess
 from tests.servers import free_port
 from tests.store.redis_fixtures import RedisServer
 
@@ -33,30 +31,6 @@ pytestmark = pytest.mark.slow
 
 LIMITED_KEY, SPENDER_KEY, ADMIN_KEY = "sk-e2e-limited", "sk-e2e-spender", "sk-e2e-admin"
 RPM = 12
-
-
-def start_gateway(config: Path, port: int) -> subprocess.Popen[bytes]:
-    kvgate = Path(sys.executable).parent / "kvgate"
-    return subprocess.Popen(
-        [str(kvgate), "serve", "--config", str(config), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"gateway exited: {err[-2000:]}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("gateway not ready in 60 s")
 
 
 def gateway_config(sim: str, redis: str, prefix: str, fail_mode: str) -> dict[str, object]:
@@ -77,6 +51,8 @@ def gateway_config(sim: str, redis: str, prefix: str, fail_mode: str) -> dict[st
             {"id": "spender", "api_keys": [SPENDER_KEY], "limits": {"rpm": 1_000_000}},
         ],
         "auth": {"required": True, "admin_keys": [ADMIN_KEY]},
+        # A drain shorter than the teardown's wait: a process still running after it is a hang, not a drain.
+        "listen": {"drain_s": 5.0},
     }
 
 
@@ -88,17 +64,18 @@ def serving(configs: list[dict[str, object]], workdir: Path) -> Iterator[list[st
     for i, (cfg, port) in enumerate(zip(configs, ports, strict=True)):
         path = workdir / f"gateway-{i}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        procs.append(start_gateway(path, port))
+        args = ["serve", "--config", str(path), "--port", str(port), "--log-level", "info"]
+        procs.append(GatewayProcess.start(args, workdir / f"gateway-{i}.log"))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         for url, proc in zip(urls, procs, strict=True):
-            wait_ready(url, proc)
+            proc.wait_ready(url)
         yield urls
     finally:
         for proc in procs:
-            proc.terminate()
+            proc.proc.terminate()
         for proc in procs:
-            proc.wait(timeout=15)
+            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

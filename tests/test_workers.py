@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,9 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.sim.testing import running_sim
 from app.telemetry.workers import add_label, merge
+from tests.gateway_process import KVGATE, GatewayProcess
 from tests.servers import free_port
 
-KVGATE = str(Path(sys.executable).parent / "kvgate")
 KEY, RPM = "sk-workers", 10
 KEY2 = "sk-workers-streamer"
 
@@ -94,19 +93,6 @@ def test_merge_writes_each_family_once_with_every_workers_samples() -> None:
 # --- real processes -----------------------------------------------------------------------------------
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("gateway not ready")
-
-
 def _workers_seen(url: str) -> set[str]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return {s.labels["worker"] for f in text_string_to_metric_families(text) for s in f.samples if "worker" in s.labels}
@@ -120,7 +106,7 @@ def _children(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def two_workers(
     redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+) -> Iterator[tuple[str, GatewayProcess]]:
     prefix = f"kvgate-workers:{uuid.uuid4().hex[:8]}:"
     workdir = tmp_path_factory.mktemp("workers")
     # Real-time h100-8b steps: a 300-token stream lasts seconds, long enough to be open across a SIGTERM.
@@ -128,19 +114,21 @@ def two_workers(
         path = workdir / "gw.yaml"
         path.write_text(yaml.safe_dump(config(sim, {"url": redis_url, "key_prefix": prefix})))
         port = free_port()
-        proc = subprocess.Popen([KVGATE, "serve", "--config", str(path), "--port", str(port), "--workers", "2"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        gateway = GatewayProcess.start(["serve", "--config", str(path), "--port", str(port), "--workers", "2"],
+                                       workdir / "gw.log")  # fmt: skip
+        proc = gateway.proc
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_ready(url, proc)
+            gateway.wait_ready(url, timeout=90)
             deadline = time.monotonic() + 30
             while _workers_seen(url) != {"0", "1"} and time.monotonic() < deadline:
                 time.sleep(0.2)
-            yield url, proc
+            yield url, gateway
         finally:
             if proc.poll() is None:
+                children = _children(proc.pid)  # before the kill: orphans are re-parented and ps loses them
                 proc.kill()
-                for child in _children(proc.pid):
+                for child in children:
                     os.kill(child, signal.SIGKILL)
             proc.wait(timeout=10)
             client = redis.Redis.from_url(redis_url)
@@ -150,7 +138,7 @@ def two_workers(
 
 
 async def test_the_workers_enforce_one_rpm_limit_and_share_the_connections(
-    two_workers: tuple[str, subprocess.Popen[bytes]],
+    two_workers: tuple[str, GatewayProcess],
 ) -> None:
     url, _ = two_workers
 
@@ -177,7 +165,7 @@ async def test_the_workers_enforce_one_rpm_limit_and_share_the_connections(
     assert set(per_worker) == {"0", "1"} and min(per_worker.values()) > 0, f"one worker took all: {per_worker}"
 
 
-def test_every_scrape_holds_both_workers_once_per_family(two_workers: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_every_scrape_holds_both_workers_once_per_family(two_workers: tuple[str, GatewayProcess]) -> None:
     url, _ = two_workers
     for _ in range(6):  # new connections: scrapes land on either worker
         text = httpx.get(f"{url}/metrics", timeout=10, headers={"connection": "close"}).text
@@ -189,7 +177,7 @@ def test_every_scrape_holds_both_workers_once_per_family(two_workers: tuple[str,
         assert "error" not in (lint.stdout + lint.stderr).lower(), lint.stdout + lint.stderr
 
 
-def test_a_killed_worker_is_replaced_then_sigterm_drains_all(two_workers: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_a_killed_worker_is_replaced_then_sigterm_drains_all(two_workers: tuple[str, GatewayProcess]) -> None:
     url, proc = two_workers
     first = _children(proc.pid)
     assert len(first) == 2
@@ -211,7 +199,7 @@ def test_a_killed_worker_is_replaced_then_sigterm_drains_all(two_workers: tuple[
     )  # fmt: skip
     chunks = iter(stream)
     next(chunks)
-    proc.send_signal(signal.SIGTERM)
+    proc.proc.send_signal(signal.SIGTERM)
     rest = list(chunks)
     assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == 300
     assert proc.wait(timeout=30) == 0
