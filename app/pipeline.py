@@ -47,8 +47,8 @@ from app.store.factory import create_store
 from app.telemetry import Telemetry
 from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, response_headers, sse_trailer
 from app.telemetry.kv_metrics import register_kv_metrics
-from app.telemetry.load_report_metrics import register_load_report_metrics
 from app.telemetry.queue_metrics import register_queue_metrics
+from app.telemetry.replica_metrics import register_replica_metrics
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
 
@@ -104,7 +104,7 @@ class Gateway:
                       tracer=self.telemetry.tracer)
             if cfg.routing.prewarm.enabled else None
         )  # fmt: skip
-        self.peer_load = PeerLoad.for_config(cfg, self.store, lambda: self.cluster)
+        self.peer_load = PeerLoad.for_config(cfg, self.store, lambda: self.cluster, self.telemetry.meter)
         self.dispatcher: Dispatcher | None = None
         # Fair admission per pool that enables it (pools.<p>.admission); fed by the scraper's rounds.
         self.queues = build_queues({name: pool.admission for name, pool in cfg.pools.items()})
@@ -130,7 +130,7 @@ class Gateway:
         if self.prewarmer is not None:
             await self.prewarmer.start()
         await self.scraper.start()
-        register_load_report_metrics(self.telemetry.meter, lambda: self.cluster)
+        register_replica_metrics(self.telemetry.meter, lambda: self.cluster)
         if self.peer_load is not None:
             self._background.append(asyncio.create_task(self.peer_load.run(), name="kvgate-peer-load"))
         if self.discoverer is not None:

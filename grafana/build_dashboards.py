@@ -648,8 +648,45 @@ COST = Dashboard(
             ),
         ),
         Row(
-            "Cluster: KV events, discovery and pre-warm",
+            "Cluster: replicas, peer load, KV events, discovery and pre-warm",
             (
+                Panel(
+                    "Replicas by state",
+                    "timeseries",
+                    (Target(f"max by (pool, state) (gateway_pool_replicas{{{P}}}) > 0", "{{pool}} {{state}}"),),
+                    unit="short",
+                    width=8,
+                    decimals=0,
+                    description="Replicas of each pool by routing state, the most any gateway process counts: "
+                    "serving; warming (held while pre-warmed); breaker_open / breaker_half_open (failures took it "
+                    "out, one trial decides); unhealthy (probes fail); joining (discovered, not yet probed good).",
+                ),
+                Panel(
+                    "Gateway processes sharing load",
+                    "timeseries",
+                    (
+                        Target("max(gateway_peer_load_processes)", "in the snapshot (most)"),
+                        Target("min(gateway_peer_load_processes)", "in the snapshot (fewest)"),
+                        Target("min(gateway_peer_load_in_force)", "shared snapshot deciding (0/1, worst)"),
+                    ),
+                    unit="short",
+                    width=8,
+                    decimals=0,
+                    description="Gateway processes (workers included) in the last per-round load snapshot, as "
+                    "the processes see it: most and fewest differ while one lags. The last line is 0 while some "
+                    "process decides bounded load on its own view (alone, or the store failed).",
+                ),
+                Panel(
+                    "Load exchanges by outcome",
+                    "timeseries",
+                    (Target(f"sum by (outcome) (rate(gateway_peer_load_exchanges_total[{RI}]))", "{{outcome}}"),),
+                    unit="short",
+                    width=8,
+                    stack=True,
+                    description="Per-round load exchanges per second over all processes: shared, alone (no "
+                    "other process published), late (read after the instant every process switches at: that "
+                    "process decided differently for a moment), store_unavailable, failed.",
+                ),
                 # The KV-event series carry the replica (its URL), not the pool: these panels show every pool.
                 Panel(
                     "KV-event view complete by replica",

@@ -39,17 +39,20 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import orjson
+from opentelemetry.metrics import Meter, Observation
 
 from app.config import GatewayConfig
 from app.routing.peer_load_config import PeerLoadSettings
 from app.routing.state import ClusterState
 from app.store.base import Store, StoreUnavailable
+from app.telemetry import instruments as ins
 
 log = logging.getLogger(__name__)
 
 # Where in its round a process exchanges: half a round before the switch is its margin for a busy event loop or a
 # slow store round trip; earlier would make the counts older still.
 PHASE = 0.5
+EXCHANGE_OUTCOMES = ("shared", "alone", "late", "store_unavailable", "failed")
 HISTORY = 2  # earlier publications each carries: a process publishes once a round, at most twice around a stall
 
 
@@ -115,14 +118,22 @@ class PeerLoad:
         self._expires = math.inf  # when the snapshot in force gives way to the live view if no newer one came
         self._next_at = math.inf  # the next instant pick must act at: min(pending's, expiry)
         self._warned = False
+        self.exchanges = dict.fromkeys(EXCHANGE_OUTCOMES, 0)  # for /metrics
+        self.processes = 0  # in the last snapshot, this one included (0: none yet, or the store was down)
         cluster().peer_clock = self.stamped if settings.route_header else self.due
 
     @classmethod
-    def for_config(cls, cfg: GatewayConfig, store: Store, cluster: Callable[[], ClusterState]) -> PeerLoad | None:
-        """Sharing where processes can share (a Store URL is configured) and it is enabled; else None."""
+    def for_config(
+        cls, cfg: GatewayConfig, store: Store, cluster: Callable[[], ClusterState], meter: Meter | None = None
+    ) -> PeerLoad | None:
+        """Sharing where processes can share (a Store URL is configured) and it is enabled, its metrics on
+        `meter`; else None."""
         if cfg.store.url is None or not cfg.routing.peer_load.enabled:
             return None
-        return cls(store, cluster, cfg.routing.peer_load)
+        peer_load = cls(store, cluster, cfg.routing.peer_load)
+        if meter is not None:
+            peer_load.register_metrics(meter)
+        return peer_load
 
     # --- the pick path ---------------------------------------------------------------------------------
 
@@ -172,6 +183,7 @@ class PeerLoad:
             now_us, everyone = await self.store.share_load(self.process_id, payload, self.settings.ttl_s)
         except StoreUnavailable as err:
             self._unavailable(err)
+            self.exchanges["store_unavailable"] += 1
             return None  # the snapshot in force expires on its own: at the same instant wherever the store failed
         self._warned = False
         self._history = [(now_us, mine), *self._history[: HISTORY - 1]]
@@ -179,14 +191,18 @@ class PeerLoad:
         # In force from the start of the next round, and for one more round if the next snapshot is late.
         at, expires = ((current + n) * self.interval_us / 1_000_000 for n in (1, 3))
         totals: dict[str, int] = {}
-        others = False  # whether another process published in that round: fixed once it is over, like the counts
+        published = set()  # who published in that round: fixed once it is over, like the counts
         for pid, (written_us, raw) in everyone.items():
             counts = counts_of_round(written_us, raw, current - 1, self.interval_us)
             if counts is None:
                 continue
-            others = others or pid != self.process_id
+            published.add(pid)
             for name, n in counts.items():
                 totals[name] = totals.get(name, 0) + n
+        others = bool(published - {self.process_id})
+        self.processes = len(published | {self.process_id})
+        # Late: the instant every process switches at has passed here, so this one switches after the others.
+        self.exchanges["late" if others and self.clock() >= at else "shared" if others else "alone"] += 1
         return self._schedule(Pending(at, current - 1, totals if others else None, expires))
 
     def _schedule(self, pending: Pending) -> Pending:
@@ -211,7 +227,15 @@ class PeerLoad:
                 await self.exchange()
             except Exception:  # a bug here must not end sharing silently for the process's life
                 log.exception("peer load: round failed")
+                self.exchanges["failed"] += 1
                 self.stale()
+
+    def register_metrics(self, meter: Meter) -> None:
+        """Processes in the last snapshot, whether a shared one decides, and exchanges by outcome."""
+        ins.observe(meter, ins.PEER_LOAD_PROCESSES, lambda o: [Observation(self.processes)])
+        ins.observe(meter, ins.PEER_LOAD_IN_FORCE, lambda o: [Observation(int(self._in_force >= 0))])
+        ins.observe(meter, ins.PEER_LOAD_EXCHANGES,
+                    lambda o: [Observation(n, {"outcome": k}) for k, n in self.exchanges.items()])  # fmt: skip
 
     def _unavailable(self, err: StoreUnavailable) -> None:
         if not self._warned:  # once per outage

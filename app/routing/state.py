@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from app.config import GatewayConfig, PoolConfig
 from app.errors import FailureKind
@@ -23,6 +23,10 @@ from app.routing.registry import PolicyDefaults, build_policy
 TTFT_ALPHA = 0.2
 IDLE_TTFT_DECAY = 0.5
 MIN_TTFT_S = 0.001  # below this the estimate is dropped: "unknown", i.e. not over any SLO
+
+
+ReplicaStatus = Literal["serving", "warming", "breaker_open", "breaker_half_open", "unhealthy", "joining"]
+REPLICA_STATUSES: tuple[ReplicaStatus, ...] = get_args(ReplicaStatus)
 
 
 class ReplicaState:
@@ -245,6 +249,16 @@ class ReplicaState:
         self.in_flight_at_scrape = self.in_flight
         self.external = 0
         self.load_report_at = 0.0
+
+    def status(self) -> ReplicaStatus:
+        """What the replica is to routing now, as /metrics counts it."""
+        if not self.healthy:
+            return "unhealthy" if self.probed else "joining"  # joining: discovered, its first probe not yet good
+        if self.warming:
+            return "warming"
+        if self.breaker.state != "closed":
+            return "breaker_open" if self.breaker.state == "open" else "breaker_half_open"
+        return "serving"
 
     def set_warming(self, warming: bool) -> None:
         """Hold the replica out of rotation while it is pre-warmed, or let it take its share."""

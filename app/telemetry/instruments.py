@@ -141,6 +141,22 @@ PREWARM_DURATION = MetricSpec("gateway.prewarm.duration", "s", "Time a replica w
 PREWARM_TOKENS = MetricSpec(
     "gateway.prewarm.tokens", "{token}", "Replayed prompt tokens by type", ("pool", "type")
 )
+REPLICAS = MetricSpec(
+    "gateway.pool.replicas", "{replica}",
+    "Replicas of the pool by state in this process: serving, warming, breaker_open, breaker_half_open, "
+    "unhealthy, joining", ("pool", "state"),
+)  # fmt: skip
+PEER_LOAD_PROCESSES = MetricSpec(
+    "gateway.peer_load.processes", "{process}", "Gateway processes in the last load snapshot (this one included)"
+)
+PEER_LOAD_IN_FORCE = MetricSpec(
+    "gateway.peer_load.in_force", "", "1 while a load snapshot shared with other processes decides, else 0"
+)
+PEER_LOAD_EXCHANGES = MetricSpec(
+    "gateway.peer_load.exchanges", "{exchange}",
+    "Load exchanges by outcome: shared, alone, late (after the snapshot's instant), store_unavailable, failed",
+    ("outcome",),
+)  # fmt: skip
 
 # (spec, kind): kind is counter | gauge | histogram, as the Prometheus exporters type the family.
 METER_METRICS = (
@@ -148,7 +164,8 @@ METER_METRICS = (
     (KV_EVENTS_LAG, "gauge"), (KV_EVENTS_WHOLE, "gauge"), (KV_EVENTS_INDEX_BLOCKS, "gauge"),
     (KV_EVENTS_FALLBACKS, "counter"), (DISCOVERY_REPLICAS, "gauge"), (DISCOVERY_ERRORS, "counter"),
     (DISCOVERY_CHANGES, "counter"), (PREWARM_REQUESTS, "counter"), (PREWARM_RUNS, "counter"),
-    (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"),
+    (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"), (REPLICAS, "gauge"),
+    (PEER_LOAD_PROCESSES, "gauge"), (PEER_LOAD_IN_FORCE, "gauge"), (PEER_LOAD_EXCHANGES, "counter"),
 )  # fmt: skip
 _METER_KINDS = {spec.name: kind for spec, kind in METER_METRICS}
 
@@ -199,6 +216,10 @@ PROMETHEUS_NAMES = {
     PREWARM_RUNS.name: "gateway_prewarm_runs_total",
     PREWARM_DURATION.name: "gateway_prewarm_duration_seconds",
     PREWARM_TOKENS.name: "gateway_prewarm_tokens_total",
+    REPLICAS.name: "gateway_pool_replicas",
+    PEER_LOAD_PROCESSES.name: "gateway_peer_load_processes",
+    PEER_LOAD_IN_FORCE.name: "gateway_peer_load_in_force",
+    PEER_LOAD_EXCHANGES.name: "gateway_peer_load_exchanges_total",
 }
 
 

@@ -405,6 +405,18 @@ def test_spill_panel_shows_real_borrows_not_only_its_zero_line(stack: Stack) -> 
     assert {s["metric"]["reason"] for s in body["data"]["result"]} >= {"borrow_idle_interactive"}
 
 
+def test_replica_and_peer_load_panels_show_the_stack_s_replicas_and_its_lone_process(stack: Stack) -> None:
+    states = _query(stack.prometheus, "max by (pool, state) (gateway_pool_replicas) > 0")["data"]["result"]
+    assert {(s["metric"]["pool"], s["metric"]["state"], s["value"][1]) for s in states} == {
+        ("fast", "serving", "2"), ("bulk", "serving", "1"),
+    }  # fmt: skip
+    # One gateway process on Redis: it shares, finds no other process, and keeps its own view.
+    alone = _query(stack.prometheus, 'sum(gateway_peer_load_exchanges_total{outcome="alone"})')["data"]["result"]
+    assert alone and float(alone[0]["value"][1]) >= 1
+    processes = _query(stack.prometheus, "max(gateway_peer_load_processes)")["data"]["result"]
+    assert processes[0]["value"][1] == "1"
+
+
 def test_prewarm_and_kv_event_panels_show_a_real_run_and_real_events(stack: Stack) -> None:
     # A zero rate is data too: these pin that the stack really pre-warmed a replica and streamed events.
     runs = _query(stack.prometheus, "sum by (pool, result) (gateway_prewarm_runs_total)")["data"]["result"]

@@ -66,7 +66,7 @@ def test_cost_dashboard_has_tenant_and_pool_variables_from_gateway_metrics() -> 
 def test_cost_dashboard_rows_cover_the_operator_page() -> None:
     data = _load("kvgate-cost.json")
     rows = [p["title"] for p in data["panels"] if p["type"] == "row"]
-    cluster = "Cluster: KV events, discovery and pre-warm"
+    cluster = "Cluster: replicas, peer load, KV events, discovery and pre-warm"
     assert rows == ["Spend", "Tokens and prefix cache", "Latency", "Routing and limits", cluster]
     targets = dashboard_targets(ROOT / "grafana" / "dashboards" / "kvgate-cost.json")
     queried = set().union(*(metric_names(e) for _, e in targets))
@@ -78,7 +78,8 @@ def test_cost_dashboard_rows_cover_the_operator_page() -> None:
         "gateway_kv_events_whole", "gateway_kv_events_lag_seconds", "gateway_kv_events_gaps_total",
         "gateway_kv_events_replays_total", "gateway_kv_events_index_blocks", "gateway_kv_events_fallbacks_total",
         "gateway_discovery_replicas", "gateway_prewarm_runs_total", "gateway_prewarm_requests_total",
-        "gateway_prewarm_tokens_total", "gateway_prewarm_duration_seconds_sum",
+        "gateway_prewarm_tokens_total", "gateway_prewarm_duration_seconds_sum", "gateway_pool_replicas",
+        "gateway_peer_load_processes", "gateway_peer_load_in_force", "gateway_peer_load_exchanges_total",
     }  # fmt: skip
     assert must <= queried
 

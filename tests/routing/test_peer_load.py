@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import parse_config
 from app.context import ClassDecision
@@ -46,6 +47,19 @@ class Clock:
 
     def at_round(self, k: int, phase: float = 0.5) -> None:
         self.us = int((k + phase) * SETTINGS.interval_s * US)
+
+
+class Flaky(Store):  # type: ignore[misc]
+    """A store whose share_load can be taken down."""
+
+    def __init__(self, up: Store) -> None:
+        self.up = up
+        self.down = False
+
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise StoreUnavailable("down")
+        return await self.up.share_load(process_id, payload, ttl_s)
 
 
 def _fast(cluster: ClusterState) -> list[ReplicaState]:
@@ -149,17 +163,7 @@ async def test_a_missed_round_keeps_the_last_snapshot_one_round_more_then_the_li
 
 async def test_with_the_store_down_every_process_leaves_the_snapshot_at_the_same_instant() -> None:
     clock = Clock()
-    up = MemoryStore(clock_us=lambda: clock.us)
-
-    class Flaky(Store):  # type: ignore[misc]
-        down = False
-
-        async def share_load(self, process_id: str, payload: str | None, ttl_s: float):  # type: ignore[no-untyped-def]
-            if self.down:
-                raise StoreUnavailable("down")
-            return await up.share_load(process_id, payload, ttl_s)
-
-    store = Flaky()
+    store = Flaky(MemoryStore(clock_us=lambda: clock.us))
     _, shares = _processes(store, 2, clock)
     for k in (40, 41):
         clock.at_round(k, 0.2 + 0.1 * (k - 40))
@@ -185,6 +189,33 @@ async def test_a_process_alone_decides_on_its_live_view_from_the_next_round_on()
     clock.at_round(51, 0.0)
     assert shares[0].in_force() == -1
     assert _loads(clusters) == [[-1, -1, -1]]
+
+
+async def test_exchanges_are_counted_by_outcome_with_the_processes_of_the_last_snapshot() -> None:
+    clock = Clock()
+    store_us = [T0]
+    store = Flaky(MemoryStore(clock_us=lambda: store_us[0]))
+    _, shares = _processes(store, 2, clock)
+
+    def at_round(k: int, phase: float = 0.5) -> None:
+        clock.at_round(k, phase)
+        store_us[0] = clock.us
+
+    at_round(70)
+    for share in shares:
+        await share.exchange()  # nobody published in round 69
+    at_round(71)
+    await shares[0].exchange()  # both published in round 70
+    store_us[0] = int(72.5 * SETTINGS.interval_s * US)
+    clock.at_round(73, 0.1)  # the reply of round 72's exchange was read after round 73 began
+    await shares[1].exchange()
+    store.down = True
+    await shares[0].exchange()
+    assert [s.exchanges for s in shares] == [
+        {"shared": 1, "alone": 1, "late": 0, "store_unavailable": 1, "failed": 0},
+        {"shared": 0, "alone": 1, "late": 1, "store_unavailable": 0, "failed": 0},
+    ]
+    assert [s.processes for s in shares] == [2, 2]
 
 
 async def test_an_exchange_that_reached_the_store_a_round_late_schedules_the_store_s_round() -> None:
@@ -320,6 +351,11 @@ async def test_two_gateways_on_one_redis_share_a_snapshot_in_the_background(redi
                 break
             await asyncio.sleep(0.02)
         assert [r.shared_load for r in b.cluster.pools["p"].replicas] == [0, 1, 0]
+        families = {f.name: f for f in text_string_to_metric_families(b.render_metrics()[0].decode())}
+        assert families["gateway_peer_load_processes"].samples[0].value == 2
+        assert families["gateway_peer_load_in_force"].samples[0].value == 1
+        shared = [s for s in families["gateway_peer_load_exchanges"].samples if s.labels["outcome"] == "shared"]
+        assert shared[0].value >= 1
     finally:
         await a.stop()
         await b.stop()

@@ -47,6 +47,29 @@ def test_failures_feed_the_breaker_and_take_the_replica_out() -> None:
     assert r.healthy and not r.available()
 
 
+def test_status_names_what_routing_does_with_the_replica() -> None:
+    clock = [0.0]
+    r = ReplicaState("http://a:1", breaker=CircuitBreaker(BreakerConfig(failures=1, open_s=5.0), lambda: clock[0]))
+    assert r.status() == "serving"  # optimistic before its first probe
+    r.set_warming(True)
+    assert r.status() == "warming"
+    r.set_warming(False)
+    r.on_start()
+    r.on_failure("status_5xx")
+    assert r.status() == "breaker_open"
+    clock[0] = 6.0
+    r.on_start()  # past the cool-down: the one trial
+    assert r.status() == "breaker_half_open"
+    r.on_success()
+    r.apply_probe(False, healthy_after=1, unhealthy_after=1)
+    assert r.status() == "unhealthy"
+    joining = ReplicaState("http://b:1")
+    joining.healthy = joining.in_rotation = False  # as discovery adds a replica: out until a good probe
+    assert joining.status() == "joining"
+    joining.apply_probe(True, healthy_after=1, unhealthy_after=1)
+    assert joining.status() == "serving"
+
+
 def test_probe_hysteresis() -> None:
     r = ReplicaState("http://a:1")
     r.apply_probe(True, healthy_after=2, unhealthy_after=2)
