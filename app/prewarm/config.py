@@ -5,7 +5,7 @@ Self-contained (no import of app.config) so RoutingConfig can mount it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class PrewarmConfig(BaseModel):
@@ -24,3 +24,20 @@ class PrewarmConfig(BaseModel):
     # Replays in flight at once on the joining replica, and the wall time it may spend before it joins anyway.
     concurrency: int = Field(4, ge=1)
     budget_s: float = Field(10.0, gt=0)
+    # Each remembered key's latest whole request (its session's history so far), replayed instead of the bare
+    # prefix: a key that moves to the joining replica takes its session's next turn there. A history longer than
+    # history_max_chars (≈100k tokens by default) is not kept (the key keeps the last one that fit); all of them
+    # together stay within history_budget_chars, the least recently updated forgotten first. 0 in either: off.
+    history_max_chars: int = Field(400_000, ge=0)
+    history_budget_chars: int = Field(16_000_000, ge=0)
+
+    @model_validator(mode="after")
+    def _history_fits_its_budget(self) -> PrewarmConfig:
+        if self.history_max_chars and self.history_budget_chars and self.history_max_chars > self.history_budget_chars:
+            raise ValueError("history_max_chars must not exceed history_budget_chars (no history would fit)")
+        return self
+
+    @property
+    def histories(self) -> bool:
+        """Whether sessions' histories are remembered and replayed."""
+        return self.history_max_chars > 0 and self.history_budget_chars > 0

@@ -11,7 +11,9 @@ vLLM's prefix cache). What a demanding operator can count on:
 - it never holds capacity a pool needs now: with no other replica in rotation, or all of them queueing, the new
   one joins at once (run result `skipped`);
 - only prefixes the replica will serve: under a prefix-keyed policy those whose rendezvous home, among the pool's
-  healthy replicas, is the new one (≈ 1/n); under another policy the top prefixes of every tenant.
+  healthy replicas, is the new one (≈ 1/n); under another policy the top prefixes of every tenant;
+- each as the most it can fill: a key's latest history (its session so far, history.py) when one is kept, which
+  starts with the prefix, else the bare prefix; one replay per key either way, read when it is sent (the newest).
 Each run leaves counts (never text) in /metrics, one log line and one `kvgate.prewarm` span.
 """
 
@@ -57,6 +59,7 @@ class Run:
     failed: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    histories: int = 0  # replays that were a session's history, not a bare prefix
     result: str = "done"  # done | budget | failed | aborted | skipped
 
 
@@ -196,11 +199,12 @@ class Prewarmer:
     async def _replay(self, url: str, prefix: Prefix, served: str, run: Run) -> str:
         assert self._session is not None
         # On the surface the prefix came in on, as its requests reach vLLM (served name, the tenant's salt).
-        body = prefix.surface.upstream_body(prefix.request.body, served_model=served, priority=None,
+        request = prefix.replay()
+        body = prefix.surface.upstream_body(request.body, served_model=served, priority=None,
                                             cache_salt=prefix.salt)  # fmt: skip
         try:
             async with self._session.post(
-                url + prefix.request.path, data=orjson.dumps(body), headers={"content-type": "application/json"}
+                url + request.path, data=orjson.dumps(body), headers={"content-type": "application/json"}
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -214,6 +218,7 @@ class Prewarmer:
             run.skipped += 1
             return "skipped"
         run.ok += 1
+        run.histories += request is not prefix.request
         with contextlib.suppress(ValueError, AttributeError, TypeError):
             usage = prefix.surface.reply_usage(orjson.loads(raw))
             run.prompt_tokens += usage.prompt_tokens
@@ -230,13 +235,15 @@ class Prewarmer:
         self.runs = [*self.runs[-15:], run]
         # A pre-warm that failed or ran out of budget let a replica in cold: worth an operator's attention.
         level = logging.WARNING if run.result in ("failed", "budget") else logging.INFO
-        log.log(level, "prewarm pool=%s replica=%s result=%s planned=%d ok=%d skipped=%d failed=%d prompt_tokens=%d "
-                 "cached_tokens=%d seconds=%.2f", replica.pool, replica.url, run.result, run.planned, run.ok,
-                 run.skipped, run.failed, run.prompt_tokens, run.cached_tokens, seconds)  # fmt: skip
+        log.log(level, "prewarm pool=%s replica=%s result=%s planned=%d ok=%d histories=%d skipped=%d failed=%d "
+                 "prompt_tokens=%d cached_tokens=%d seconds=%.2f", replica.pool, replica.url, run.result, run.planned,
+                 run.ok, run.histories, run.skipped, run.failed, run.prompt_tokens, run.cached_tokens,
+                 seconds)  # fmt: skip
         if span is not None:
             span.set_attributes({
                 "kvgate.pool": replica.pool, "server.address": replica.url, "kvgate.prewarm.result": run.result,
                 "kvgate.prewarm.planned": run.planned, "kvgate.prewarm.ok": run.ok,
+                "kvgate.prewarm.histories": run.histories,
                 "kvgate.prewarm.skipped": run.skipped, "kvgate.prewarm.failed": run.failed,
                 "kvgate.prewarm.prompt_tokens": run.prompt_tokens, "kvgate.prewarm.cached_tokens": run.cached_tokens,
             })  # fmt: skip

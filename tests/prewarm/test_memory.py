@@ -57,3 +57,37 @@ def test_a_request_with_nothing_to_replay_takes_no_tenant_slot() -> None:
     mem.record("p", "chat", 1, chat(("user", "kept")), None, CHAT)
     mem.record("p", "completions", 2, {"model": "m", "prompt": "a completion"}, None, COMPLETIONS)
     assert [e.key for e in mem.top("p")] == [1], "the completions tenant did not push the chat tenant out"
+
+
+def test_each_tracked_key_keeps_its_latest_history_beyond_its_prefix() -> None:
+    mem = PrefixMemory(PrewarmConfig())
+    first = chat(("system", "rules"), ("user", "task"))
+    mem.record("p", "t", 1, first, None, CHAT)
+    (entry,) = mem.top("p")
+    assert entry.history is None and entry.replay() is entry.request, "a first turn is its prefix"
+    mem.record("p", "t", 1, chat(("system", "rules"), ("user", "task"), ("assistant", "a1"), ("user", "t2")), None,
+               CHAT)  # fmt: skip
+    later = chat(("system", "rules"), ("user", "task"), ("assistant", "a1"), ("user", "t2"), ("assistant", "a2"),
+                 ("user", "t3"))  # fmt: skip
+    mem.record("p", "t", 1, later, None, CHAT)
+    replay = entry.replay()
+    assert replay is entry.history and [m["content"] for m in replay.body["messages"]][-1] == "t3"
+    assert replay.body["max_tokens"] == 1 and entry.hits == 3
+    assert mem.histories is not None and mem.histories.chars == replay.chars
+
+
+def test_a_key_that_leaves_the_memory_takes_its_history_along() -> None:
+    mem = PrefixMemory(PrewarmConfig(per_tenant=1, tenants=1))
+    mem.record("p", "a", 1, chat(("user", "a"), ("assistant", "x"), ("user", "more")), None, CHAT)
+    assert mem.histories is not None and len(mem.histories) == 1
+    mem.record("p", "a", 2, chat(("user", "b"), ("assistant", "x"), ("user", "more")), None, CHAT)
+    assert len(mem.histories) == 1, "key 1's slot went to key 2, and its history with it"
+    mem.record("p", "b", 3, chat(("user", "c"), ("assistant", "x"), ("user", "more")), None, CHAT)
+    assert [e.key for e in mem.top("p")] == [3] and len(mem.histories) == 1
+    assert mem.histories.chars == mem.top("p")[0].replay().chars
+
+
+def test_histories_off_keep_only_prefixes() -> None:
+    mem = PrefixMemory(PrewarmConfig(history_budget_chars=0))
+    mem.record("p", "t", 1, chat(("user", "a"), ("assistant", "x"), ("user", "more")), None, CHAT)
+    assert mem.histories is None and mem.top("p")[0].history is None

@@ -280,3 +280,77 @@ async def test_a_pools_only_replica_or_one_beside_queueing_replicas_joins_at_onc
         comes_back(replica)
         w.on_health(replica, was_healthy=False)
         assert not replica.warming and w.runs[-1].result == "skipped"
+
+
+HISTORY_TEXT = "the-session's-private-file-contents"
+
+
+def session(key: int, turns: int) -> dict[str, Any]:
+    """Key `key`'s session after `turns` turns: its prefix (body(key)'s), then each turn's exchange."""
+    messages = body(key)["messages"]
+    for t in range(turns):
+        messages += [
+            {"role": "assistant", "content": f"reply {t}"},
+            {"role": "user", "content": f"{HISTORY_TEXT} {key}.{t}"},
+        ]
+    return {"messages": messages}
+
+
+@asynccontextmanager
+async def moving(engine: Engine, keys: range, *, tracer: Any = None, **cfg: Any) -> AsyncIterator[Rejoin]:
+    """As `rejoining`, under prefix_affinity, with each key's session remembered after turn 1 and then turn 3."""
+    with serve_in_thread(engine.app()) as url:
+        cluster = cluster_of(url, OTHER)
+        replica = cluster.pools["main"].replicas[0]
+        mem = PrefixMemory(PrewarmConfig(per_tenant=64, **cfg))
+        for turns in (0, 1, 3):
+            for k in keys:
+                mem.record("main", "t", k, session(k, turns), "salt-t", CHAT)
+        async with warmer(cluster, mem, tracer=tracer, prefixes=100, **cfg) as w:
+            comes_back(replica)
+            w.on_health(replica, was_healthy=False)
+            yield Rejoin(cluster, replica, w)
+
+
+async def test_a_moved_key_replays_its_latest_history_and_a_key_that_stays_nothing() -> None:
+    engine = Engine()
+    async with moving(engine, range(20)) as r:
+        await until(lambda: not r.replica.warming)
+        peers = r.cluster.pools["main"].replicas
+    moved = [k for k in range(20) if home_of(k, peers) is r.replica]
+    assert 0 < len(moved) < 20
+    sent = sorted(int(b["messages"][0]["content"].rsplit(" ", 1)[1]) for b in engine.bodies)
+    assert sent == moved, "one replay per moved key, none for a key whose home stays"
+    for b in engine.bodies:
+        assert len(b["messages"]) == 8 and b["messages"][-1]["content"].endswith(".2"), "the latest: turn 3"
+        assert b["max_tokens"] == 1 and b["cache_salt"] == "salt-t" and b["model"] == "served"
+    assert r.w.runs[-1].histories == len(moved) and r.w.runs[-1].prompt_tokens == 40 * len(moved)
+
+
+async def test_without_history_a_moved_key_replays_its_bare_prefix() -> None:
+    engine = Engine()
+    async with moving(engine, range(20), history_budget_chars=0) as r:
+        await until(lambda: not r.replica.warming)
+    assert engine.bodies and all(len(b["messages"]) == 2 for b in engine.bodies)
+    assert r.w.runs[-1].histories == 0
+
+
+async def test_no_history_text_reaches_the_logs_or_the_span(caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    caplog.set_level(logging.DEBUG)
+    async with moving(Engine(), range(20), tracer=provider.get_tracer("t")) as r:
+        await until(lambda: not r.replica.warming)
+    assert r.w.runs[-1].histories > 0
+    line = next(rec.getMessage() for rec in caplog.records if "prewarm pool=" in rec.getMessage())
+    assert f"histories={r.w.runs[-1].histories}" in line
+    assert HISTORY_TEXT not in caplog.text and SECRET_TEXT not in caplog.text
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None and span.attributes["kvgate.prewarm.histories"] == r.w.runs[-1].histories
+    assert not any(HISTORY_TEXT in str(v) or SECRET_TEXT in str(v) for v in span.attributes.values())
+    assert not any(HISTORY_TEXT in str(e.attributes) for e in span.events)

@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class WarmRequest:
-    """A request that caches a body's stable prefix and generates one token: the path and body (no model, no
-    salt: app/prewarm adds them through the surface's upstream_body)."""
+    """A request that caches a body's stable prefix (or its whole conversation) and generates one token: the path
+    and body (no model, no salt: app/prewarm adds them through the surface's upstream_body), and its size in
+    characters (text plus the tools' JSON: what app/prewarm budgets, and how it tells which fills more blocks)."""
 
     path: str
     body: dict[str, Any]
+    chars: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,11 @@ class Surface(Protocol):
         """The request that pre-warms `body`'s stable prefix (what every turn of its session repeats), or None."""
         ...
 
+    def warm_history(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """The request that pre-warms `body`'s whole conversation so far (what its session's next turn starts
+        with), as warm_request does its prefix, or None (too long, or nothing beyond the prefix to replay)."""
+        ...
+
     def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
         """The usage a complete reply body reports."""
         ...
@@ -174,7 +181,7 @@ def warm_within(path: str, body: Mapping[str, Any], out: dict[str, Any], fields:
             out[name] = body[name]
     if body.get("tools"):
         chars += len(orjson.dumps(body["tools"]))
-    return WarmRequest(path, out) if chars <= max_chars else None
+    return WarmRequest(path, out, chars) if chars <= max_chars else None
 
 
 def usage_in(doc: Mapping[str, Any], capture: Callable[[Mapping[str, Any] | None, Usage], None]) -> Usage:

@@ -106,6 +106,21 @@ class ChatSurface(OpenAISurface):
         chars = sum(content_chars(m.get("content")) for m in head)
         return warm_within("/v1/chat/completions", body, out, RENDER_FIELDS, chars, max_chars)
 
+    def warm_history(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """Every message so far (the earlier turns, tool calls and results, the newest turn), as warm_request."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or leading_then_user(messages, _LEADING_ROLES) is None:
+            return None  # no stable prefix: nothing the memory tracks
+        chars = 0
+        for m in messages:
+            if not isinstance(m, dict):
+                continue
+            chars += content_chars(m.get("content"))
+            if m.get("tool_calls"):
+                chars += len(orjson.dumps(m["tool_calls"]))
+        out: dict[str, Any] = {"messages": list(messages), "max_tokens": 1, "stream": False}
+        return warm_within("/v1/chat/completions", body, out, RENDER_FIELDS, chars, max_chars)
+
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
         """A trailing system message, or a block appended to the last user turn."""
         return {**body, "messages": place_in_chat(list(body["messages"]), lines, placement)}

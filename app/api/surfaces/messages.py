@@ -233,15 +233,24 @@ class MessagesSurface:
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
         """The system prompt, the tools and the first user message, with what vLLM renders; one token."""
         head = leading_then_user(body.get("messages"), frozenset())
-        if head is None:
-            return None
-        out: dict[str, Any] = {"messages": head, "max_tokens": 1, "stream": False}
+        return None if head is None else self._warm(body, head, max_chars)
+
+    def warm_history(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """The whole conversation so far (every message, up to the newest user turn), as warm_request."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or len(messages) < 2 or not isinstance(messages[0], dict):
+            return None  # a first turn is its prefix
+        return self._warm(body, list(messages), max_chars)
+
+    def _warm(self, body: Mapping[str, Any], messages: list[dict[str, Any]], max_chars: int) -> WarmRequest | None:
+        out: dict[str, Any] = {"messages": messages, "max_tokens": 1, "stream": False}
         thinking, config = body.get("thinking"), body.get("output_config")
         if isinstance(thinking, dict) and thinking.get("type") == "disabled":
             out["thinking"] = thinking  # enabled needs a budget below max_tokens, and renders nothing
         if isinstance(config, dict) and config.get("effort") is not None:
             out["output_config"] = {"effort": config["effort"]}
-        chars = content_chars(body.get("system")) + _block_chars(head[0].get("content"))
+        chars = content_chars(body.get("system"))
+        chars += sum(_block_chars(m.get("content")) for m in messages if isinstance(m, dict))
         return warm_within("/v1/messages", body, out, _RENDER_FIELDS, chars, max_chars)
 
     def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
@@ -334,5 +343,9 @@ class CountTokensSurface(MessagesSurface):
     require_max_tokens = False
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """None: counting tokens fills no cache."""
+        return None
+
+    def warm_history(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
         """None: counting tokens fills no cache."""
         return None

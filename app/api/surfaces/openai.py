@@ -231,6 +231,10 @@ class OpenAISurface:
         """None: only the chat-style surfaces have a prefix worth pre-warming."""
         return None
 
+    def warm_history(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """None: only the chat-style surfaces have a conversation worth pre-warming."""
+        return None
+
     def public_body(self, body: bytes, served: str, public: str) -> bytes:
         """The body with the public model name."""
         return rewrite_model(body, served, public)

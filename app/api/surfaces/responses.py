@@ -57,6 +57,15 @@ def _item_text_chars(item: Any) -> int:
     return chars
 
 
+def _warm(body: Mapping[str, Any], items: str | list[Any], max_chars: int) -> WarmRequest | None:
+    """`items` as the input of a one-token, unstored request with what vLLM renders of `body`."""
+    chars = len(items) if isinstance(items, str) else sum(_item_text_chars(item) for item in items)
+    if isinstance(body.get("instructions"), str):
+        chars += len(body["instructions"])
+    out: dict[str, Any] = {"input": items, "max_output_tokens": 1, "stream": False, "store": False}
+    return warm_within("/v1/responses", body, out, _RENDER_FIELDS, chars, max_chars)
+
+
 class ResponseObserver(NamedEventObserver):
     """Relays Responses events untouched but for the model name; usage comes with response.completed."""
 
@@ -202,13 +211,16 @@ class ResponsesSurface(OpenAISurface):
         vLLM renders; one token, and not stored (a replica must not keep a response nobody asked for)."""
         items = body.get("input")
         head: Any = items if isinstance(items, str) else leading_then_user(items, _LEADING_ROLES)
-        if head is None:
+        return None if head is None else _warm(body, head, max_chars)
+
+    def warm_history(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
+        """Instructions and every input item so far, as warm_request; None for a string input (that is its
+        prefix) and for a request that continues a stored response (its history is on the replica that stored
+        it, out of the gateway's sight; previous_response_id pins those turns there anyway)."""
+        items = body.get("input")
+        if not isinstance(items, list) or len(items) < 2 or body.get("previous_response_id") is not None:
             return None
-        chars = len(head) if isinstance(head, str) else sum(_item_text_chars(item) for item in head)
-        if isinstance(body.get("instructions"), str):
-            chars += len(body["instructions"])
-        out: dict[str, Any] = {"input": head, "max_output_tokens": 1, "stream": False, "store": False}
-        return warm_within("/v1/responses", body, out, _RENDER_FIELDS, chars, max_chars)
+        return _warm(body, list(items), max_chars)
 
     def reply_usage(self, doc: Mapping[str, Any]) -> Usage:
         """A response object's `usage`."""

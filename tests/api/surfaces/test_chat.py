@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from app.api.surfaces import CHAT
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
@@ -41,3 +43,17 @@ def test_reply_usage_reads_prompt_and_cached_tokens() -> None:
     usage = CHAT.reply_usage({"usage": {"prompt_tokens": 40, "completion_tokens": 1,
                                         "prompt_tokens_details": {"cached_tokens": 32}}})  # fmt: skip
     assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (40, 32, 1)
+
+
+def test_the_warm_history_is_every_message_so_far_with_what_the_template_reads() -> None:
+    calls = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}]
+    body = chat(("system", "rules"), ("user", "task 1"), tools=TOOLS, tool_choice="none", temperature=0.2)
+    body["messages"] += [{"role": "assistant", "content": None, "tool_calls": calls},
+                         {"role": "tool", "tool_call_id": "c1", "content": "result"}]  # fmt: skip
+    history, prefix = CHAT.warm_history(body, 10_000), CHAT.warm_request(body, 10_000)
+    assert history is not None and prefix is not None and history.path == "/v1/chat/completions"
+    assert history.body["messages"] == body["messages"] and history.body["messages"] is not body["messages"]
+    assert history.body["tools"] == TOOLS and history.body["max_tokens"] == 1 and "temperature" not in history.body
+    assert history.chars == prefix.chars + len("result") + len(orjson.dumps(calls))
+    assert CHAT.warm_history(body, history.chars - 1) is None, "over the cap"
+    assert CHAT.warm_history(chat(("assistant", "hi"), ("user", "x")), 10_000) is None, "no stable prefix"

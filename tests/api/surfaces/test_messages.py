@@ -53,3 +53,16 @@ def test_count_tokens_has_no_warm_request() -> None:
 def test_reply_usage_counts_cache_reads_into_the_prompt() -> None:
     usage = MESSAGES.reply_usage({"usage": {"input_tokens": 2, "cache_read_input_tokens": 48, "output_tokens": 1}})
     assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (50, 48, 1)
+
+
+def test_the_warm_history_is_the_whole_conversation_with_what_the_prefix_renders() -> None:
+    body = claude_code(thinking={"type": "disabled"}, temperature=1)
+    history, prefix = MESSAGES.warm_history(body, 10_000), MESSAGES.warm_request(body, 10_000)
+    assert history is not None and prefix is not None and history.path == "/v1/messages"
+    assert history.body["messages"] == body["messages"] and history.chars > prefix.chars
+    assert history.body["system"] == SYSTEM and history.body["tools"] == TOOLS
+    assert history.body["thinking"] == {"type": "disabled"} and history.body["max_tokens"] == 1
+    assert "temperature" not in history.body and history.body["stream"] is False
+    assert MESSAGES.warm_history(body, history.chars - 1) is None, "over the cap"
+    assert MESSAGES.warm_history({**body, "messages": body["messages"][:1]}, 10_000) is None  # type: ignore[index]
+    assert COUNT_TOKENS.warm_history(body, 10_000) is None

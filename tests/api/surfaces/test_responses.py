@@ -44,3 +44,19 @@ def test_reply_usage_reads_input_and_cached_tokens() -> None:
     usage = RESPONSES.reply_usage({"usage": {"input_tokens": 50, "output_tokens": 1,
                                              "input_tokens_details": {"cached_tokens": 48}}})  # fmt: skip
     assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (50, 48, 1)
+
+
+def test_the_warm_history_is_every_input_item_so_far_unstored_unless_it_continues_a_stored_response() -> None:
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the bug"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
+    body = {"instructions": "You are Codex.", "tools": TOOLS, "input": items, "temperature": 0.3}
+    history, prefix = RESPONSES.warm_history(body, 10_000), RESPONSES.warm_request(body, 10_000)
+    assert history is not None and prefix is not None and history.path == "/v1/responses"
+    assert history.body["input"] == items and history.body["store"] is False
+    assert history.body["max_output_tokens"] == 1 and history.chars == prefix.chars + len("{}") + len("ok")
+    assert RESPONSES.warm_history({**body, "previous_response_id": "resp_1"}, 10_000) is None
+    assert RESPONSES.warm_history({**body, "input": "hello"}, 10_000) is None, "a string input is its prefix"
+    assert RESPONSES.warm_history(body, history.chars - 1) is None
