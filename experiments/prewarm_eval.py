@@ -19,6 +19,11 @@ fails, it is out of the pool), so the pool routes over A and B. Then:
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/prewarm_eval.py --tenants 16 --first-n 30 --json out.json
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/prewarm_eval.py --api messages   # or responses
 
+`--scenario history` measures instead what a moved session's next turn finds on C: sessions run several long turns
+before C joins, then one more; no pre-warm vs prefix pre-warm vs history pre-warm (experiments/prewarm_history.py):
+
+    flock /tmp/kvgate-bench.lock .venv/bin/python experiments/prewarm_eval.py --scenario history --api messages
+
 `--api messages|responses` sends the same sessions through /v1/messages (system, Anthropic tools) or /v1/responses
 (instructions, input items, flat function tools), as Claude Code and Codex do: `kvgate bench`'s own re-shaping
 (app/bench/apis.py).
@@ -257,9 +262,22 @@ def main() -> None:
     p.add_argument("--time-limit-s", type=float, default=240)
     p.add_argument("--api", choices=API_NAMES, default="chat", help="the API the sessions speak")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--scenario", choices=("join", "history"), default="join",
+                   help="join: C's first N requests under load; history: moved sessions' next turn after C joins")
+    p.add_argument("--sessions", type=int, default=18, help="history: sessions, one per tenant")
+    p.add_argument("--turns-before", type=int, default=4, help="history: turns each session sends before C joins")
+    p.add_argument("--turn-chars", type=int, default=8000, help="history: tool output in each user turn (chars)")
     args = p.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-prewarm-"))
     print(f"uptime: {os.popen('uptime').read().strip()}")
+    if args.scenario == "history":
+        from experiments.prewarm_history import run as run_history  # it builds on this module's helpers
+
+        rows = run_history(args, workdir)
+        print(f"\nuptime: {os.popen('uptime').read().strip()}")
+        if args.json is not None:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
     results = []
     for seed in (int(x) for x in args.seeds.split(",")):
         args.seed = seed
