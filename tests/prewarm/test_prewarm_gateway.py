@@ -1,6 +1,7 @@
 """The gateway pre-warms a discovered replica on sims: the prefixes it becomes home for are cached there before
 its first request, whichever surface they came in on (chat, Responses, Messages: each replayed on its own, through
-the official SDKs); without pre-warm they are not. While a replica warms, traffic goes on to the others."""
+the official SDKs); without pre-warm they are not. A session whose key moved finds its whole history there too
+(chat, Messages), unless histories are off. While a replica warms, traffic goes on to the others."""
 
 from __future__ import annotations
 
@@ -124,3 +125,76 @@ def test_while_a_replica_warms_requests_go_on_to_the_others() -> None:
             assert ask(client, i, "meanwhile").choices
         assert new.warming and new.in_flight == 0, "the warming replica took no request; the other served them"
         assert 0 < len(slow.bodies) <= gw.cfg.routing.prewarm.concurrency, "replays, bounded, are all it got"
+
+
+def tool_output(i: int, turn: int) -> str:
+    """A few hundred tokens of a session's own tool output (what makes its history worth warming)."""
+    return " ".join(f"line {k}: session {i} turn {turn} value {k * 7 + i}" for k in range(60))
+
+
+def conversation(i: int, turns: int) -> list[dict[str, str]]:
+    """Session `i`'s messages after `turns` turns (user turns carry tool output; replies are fixed)."""
+    out: list[dict[str, str]] = []
+    for t in range(turns):
+        out += [{"role": "user", "content": f"step {t}: {tool_output(i, t)}"}, {"role": "assistant", "content": "ok"}]
+    return [*out, {"role": "user", "content": f"step {turns}: {tool_output(i, turns)}"}]
+
+
+def session_turn_via_chat(base: str, i: int, turns: int) -> tuple[int, int]:
+    """(prompt, cached) tokens of session `i`'s request after `turns` turns, through the OpenAI SDK."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0, timeout=30)
+    messages = [{"role": "system", "content": system_prompt(i)}, *conversation(i, turns)]
+    usage = client.chat.completions.create(model="m", max_tokens=2, messages=messages).usage  # type: ignore[arg-type]
+    return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+
+
+def session_turn_via_messages(base: str, i: int, turns: int) -> tuple[int, int]:
+    """(prompt, cached) tokens of session `i`'s request after `turns` turns, through the Anthropic SDK."""
+    client = anthropic.Anthropic(base_url=base, api_key="EMPTY", max_retries=0, timeout=30)
+    usage = client.messages.create(model="m", max_tokens=2, system=system_prompt(i),
+                                   messages=conversation(i, turns)).usage  # type: ignore[arg-type]  # fmt: skip
+    cached = usage.cache_read_input_tokens or 0
+    return usage.input_tokens + cached + (usage.cache_creation_input_tokens or 0), cached
+
+
+SESSIONS: dict[str, Callable[[str, int, int], tuple[int, int]]] = {
+    "chat": session_turn_via_chat, "messages": session_turn_via_messages,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("surface", sorted(SESSIONS))
+@pytest.mark.parametrize("history", [True, False])
+def test_a_moved_sessions_next_turn_finds_its_history_on_the_new_replica(history: bool, surface: str) -> None:
+    turn = SESSIONS[surface]
+    port = _port_free_on_both()
+    records = Records("127.0.0.1")
+    cfg = discovering_config(f"replicas.test:{port}")
+    budget = cfg.routing.prewarm.history_budget_chars if history else 0
+    cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={
+        "prewarm": cfg.routing.prewarm.model_copy(update={"history_budget_chars": budget})})})  # fmt: skip
+    app = create_app(cfg)
+    gw = app.api.state.gateway
+    gw.discoverer.pools["main"].source.resolver = records
+    with (
+        serve(sim(), "127.0.0.1", port),
+        serve(sim(), "127.0.0.2", port),
+        serve(app, "127.0.0.1", free_port()) as base,
+    ):
+        _wait(lambda: httpx.get(f"{base}/ready").status_code == 200)
+        for i in range(PREFIXES):
+            for t in range(3):
+                turn(base, i, t)
+        records.addresses = ["127.0.0.1", "127.0.0.2"]
+        _wait(lambda: len(gw.cluster.pools["main"].replicas) == 2)
+        _wait(lambda: all(r.available() for r in gw.cluster.pools["main"].replicas))
+        ratios = [cached / prompt for prompt, cached in (turn(base, i, 3) for i in range(PREFIXES))]
+    run = gw.prewarmer.runs[-1]
+    assert run.result == "done" and 0 < run.ok < PREFIXES
+    if history:
+        assert run.histories == run.ok
+        # Only the newest turn (a quarter of the prompt) is new: the rest hits, on the old replica and the new one.
+        assert min(ratios) >= 0.7, ratios
+    else:
+        assert run.histories == 0
+        assert min(ratios) < 0.5, "a session that moved finds only its prefix on the new replica"
+        assert max(ratios) >= 0.7, "one that stayed finds its history where it was"
