@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -38,6 +38,9 @@ from app.prewarm.memory import Prefix, PrefixMemory
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.state import ClusterState, ReplicaState
 from app.telemetry import instruments as ins
+
+if TYPE_CHECKING:
+    from app.api.surfaces.base import WarmRequest
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +200,17 @@ class Prewarmer:
                 self._requests.add(1, {"pool": replica.pool, "outcome": outcome})
 
     async def _replay(self, url: str, prefix: Prefix, served: str, run: Run) -> str:
+        request = prefix.replay()
+        outcome = await self._send(url, prefix, request, served, run)
+        if outcome == "skipped" and request is not prefix.request:
+            # A history the engine refuses (longer than its context, say): the prefix is still worth its blocks.
+            run.skipped -= 1
+            outcome = await self._send(url, prefix, prefix.request, served, run)
+        return outcome
+
+    async def _send(self, url: str, prefix: Prefix, request: WarmRequest, served: str, run: Run) -> str:
         assert self._session is not None
         # On the surface the prefix came in on, as its requests reach vLLM (served name, the tenant's salt).
-        request = prefix.replay()
         body = prefix.surface.upstream_body(request.body, served_model=served, priority=None,
                                             cache_salt=prefix.salt)  # fmt: skip
         try:

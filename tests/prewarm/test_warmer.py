@@ -36,6 +36,7 @@ class Engine:
 
     status: int = 200
     delay_s: float = 0.0
+    max_messages: int | None = None  # longer conversations get a 400 (beyond the context, say)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     active: int = 0
     peak: int = 0
@@ -51,7 +52,10 @@ class Engine:
             finally:
                 self.active -= 1
             usage = {"prompt_tokens": 40, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}
-            return Response(orjson.dumps({"choices": [], "usage": usage}), self.status, media_type="application/json")
+            status = self.status
+            if self.max_messages is not None and len(body.get("messages", ())) > self.max_messages:
+                status = 400
+            return Response(orjson.dumps({"choices": [], "usage": usage}), status, media_type="application/json")
 
         return Starlette(
             routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", lambda r: Response(""))]
@@ -333,6 +337,16 @@ async def test_without_history_a_moved_key_replays_its_bare_prefix() -> None:
         await until(lambda: not r.replica.warming)
     assert engine.bodies and all(len(b["messages"]) == 2 for b in engine.bodies)
     assert r.w.runs[-1].histories == 0
+
+
+async def test_a_history_the_engine_refuses_falls_back_to_the_bare_prefix() -> None:
+    engine = Engine(max_messages=2)
+    async with moving(engine, range(20)) as r:
+        await until(lambda: not r.replica.warming)
+    run = r.w.runs[-1]
+    assert run.ok > 0 and run.skipped == 0 and run.histories == 0
+    assert sum(len(b["messages"]) == 8 for b in engine.bodies) == run.ok, "each history tried first"
+    assert sum(len(b["messages"]) == 2 for b in engine.bodies) == run.ok, "then its prefix"
 
 
 async def test_no_history_text_reaches_the_logs_or_the_span(caplog: pytest.LogCaptureFixture) -> None:
