@@ -256,7 +256,7 @@ class Gateway:
                 ctx.blocks = None  # a body the gateway cannot render exactly: the policy falls back
         outcome = await self.dispatcher.run(ctx, model, key)
         if self.prewarmer is not None and ctx.route is not None:
-            self.prefixes.record(ctx.route.pool, tenant.id, key, ctx.body, ctx.cache_salt, ctx.surface)
+            self.prefixes.record(ctx.route.pool, tenant.id, key, ctx.body, ctx.cache_salt, ctx.surface, ctx.prompt)
         if isinstance(outcome, StreamRelay):
             return self._stream_reply(ctx, outcome)
         return await self._complete_reply(ctx, outcome)

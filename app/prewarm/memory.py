@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.prewarm.config import PrewarmConfig
-from app.prewarm.history import HistoryBook
+from app.prewarm.history import History, HistoryBook
 
 if TYPE_CHECKING:
     from app.api.surfaces.base import Surface, WarmRequest
+    from app.prompt import PromptView
 
 
 @dataclass(slots=True)
@@ -35,12 +36,13 @@ class Prefix:
     surface: Surface
     salt: str | None
     hits: int = 1
-    history: WarmRequest | None = None
+    history: History | None = None
 
     def replay(self) -> WarmRequest:
         """What fills the most of this key's blocks: its latest history (which starts with the prefix), if kept."""
         history = self.history
-        return history if history is not None and history.chars > self.request.chars else self.request
+        request = history.replay() if history is not None else None
+        return request if request is not None and request.chars > self.request.chars else self.request
 
 
 class PrefixMemory:
@@ -53,16 +55,16 @@ class PrefixMemory:
         self.histories = HistoryBook(cfg.history_max_chars, cfg.history_budget_chars) if cfg.histories else None
 
     def record(self, pool: str, tenant: str, key: int, body: Mapping[str, Any], salt: str | None,
-               surface: Surface) -> None:  # fmt: skip
+               surface: Surface, view: PromptView | None = None) -> None:  # fmt: skip
         """Count one request of `tenant` routed to `pool` (its prefix is read only when its key is new) and keep it
-        as its key's latest history."""
+        as its key's latest history, sized by its prompt `view` (the surface's view of `body` if not given)."""
         slot = (pool, tenant)
         table = self._tables.get(slot)
         entry = table.get(key) if table is not None else None
         if entry is not None:
             entry.hits += 1
             self._tables.move_to_end(slot)
-            self._keep_history(pool, tenant, entry, body, surface)
+            self._keep_history(pool, tenant, entry, body, surface, view)
             return
         request = surface.warm_request(body, self.cfg.max_prefix_chars)
         if request is None:
@@ -81,15 +83,17 @@ class PrefixMemory:
             self._forget(pool, tenant, (least,))
             hits = least.hits + 1
         entry = table[key] = Prefix(key, request, surface, salt, hits)
-        self._keep_history(pool, tenant, entry, body, surface)
+        self._keep_history(pool, tenant, entry, body, surface, view)
 
-    def _keep_history(self, pool: str, tenant: str, entry: Prefix, body: Mapping[str, Any], surface: Surface) -> None:
+    def _keep_history(self, pool: str, tenant: str, entry: Prefix, body: Mapping[str, Any], surface: Surface,
+                      view: PromptView | None) -> None:  # fmt: skip
         # Only on the prefix's own surface (the replay renders as the key's requests do), and only what adds to it.
         if self.histories is None or surface is not entry.surface:
             return
-        history = surface.warm_history(body, self.histories.max_chars)
-        if history is not None and history.chars > entry.request.chars:
-            self.histories.keep((pool, tenant, entry.key), entry, history)
+        view = view or surface.view(body)
+        chars = view.text_chars + view.tool_chars
+        if chars > entry.request.chars:
+            self.histories.keep((pool, tenant, entry.key), entry, History(body, surface, chars))
 
     def _forget(self, pool: str, tenant: str, entries: Iterable[Prefix]) -> None:
         if self.histories is not None:

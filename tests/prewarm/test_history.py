@@ -8,18 +8,18 @@ from dataclasses import dataclass
 import pytest
 from pydantic import ValidationError
 
-from app.api.surfaces.base import WarmRequest
+from app.api.surfaces import CHAT
 from app.prewarm.config import PrewarmConfig
-from app.prewarm.history import HistoryBook
+from app.prewarm.history import History, HistoryBook
 
 
 @dataclass
 class Held:
-    history: WarmRequest | None = None
+    history: History | None = None
 
 
-def req(chars: int, tag: str = "") -> WarmRequest:
-    return WarmRequest("/v1/chat/completions", {"messages": [{"role": "user", "content": tag}]}, chars)
+def req(chars: int, tag: str = "") -> History:
+    return History({"messages": [{"role": "user", "content": tag}]}, CHAT, chars)
 
 
 def test_the_budget_forgets_the_least_recently_updated_history_first() -> None:

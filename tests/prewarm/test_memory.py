@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.surfaces import CHAT, COMPLETIONS
+from app.api.surfaces import CHAT, COMPLETIONS, RESPONSES
 from app.prewarm.config import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
 
@@ -70,10 +70,11 @@ def test_each_tracked_key_keeps_its_latest_history_beyond_its_prefix() -> None:
     later = chat(("system", "rules"), ("user", "task"), ("assistant", "a1"), ("user", "t2"), ("assistant", "a2"),
                  ("user", "t3"))  # fmt: skip
     mem.record("p", "t", 1, later, None, CHAT)
+    assert entry.history is not None and entry.history.body is later, "kept by reference, not copied"
     replay = entry.replay()
-    assert replay is entry.history and [m["content"] for m in replay.body["messages"]][-1] == "t3"
+    assert replay is not entry.request and [m["content"] for m in replay.body["messages"]][-1] == "t3"
     assert replay.body["max_tokens"] == 1 and entry.hits == 3
-    assert mem.histories is not None and mem.histories.chars == replay.chars
+    assert mem.histories is not None and mem.histories.chars == entry.history.chars
 
 
 def test_a_key_that_leaves_the_memory_takes_its_history_along() -> None:
@@ -84,10 +85,23 @@ def test_a_key_that_leaves_the_memory_takes_its_history_along() -> None:
     assert len(mem.histories) == 1, "key 1's slot went to key 2, and its history with it"
     mem.record("p", "b", 3, chat(("user", "c"), ("assistant", "x"), ("user", "more")), None, CHAT)
     assert [e.key for e in mem.top("p")] == [3] and len(mem.histories) == 1
-    assert mem.histories.chars == mem.top("p")[0].replay().chars
+    held = mem.top("p")[0].history
+    assert held is not None and mem.histories.chars == held.chars
 
 
 def test_histories_off_keep_only_prefixes() -> None:
     mem = PrefixMemory(PrewarmConfig(history_budget_chars=0))
     mem.record("p", "t", 1, chat(("user", "a"), ("assistant", "x"), ("user", "more")), None, CHAT)
     assert mem.histories is None and mem.top("p")[0].history is None
+
+
+def test_a_kept_request_its_surface_replays_no_history_of_replays_the_prefix() -> None:
+    mem = PrefixMemory(PrewarmConfig())
+    first = {"model": "m", "input": [{"role": "user", "content": "task " * 20}]}
+    mem.record("p", "t", 1, first, None, RESPONSES)
+    turns = [{"role": "user", "content": "task " * 20}, {"role": "user", "content": "more " * 40}]
+    stored = {"model": "m", "previous_response_id": "resp_1", "input": turns}  # its history is on the storing replica
+    mem.record("p", "t", 1, stored, None, RESPONSES)
+    (entry,) = mem.top("p")
+    assert entry.history is not None, "kept by size, unread until a pre-warm"
+    assert entry.replay() is entry.request
