@@ -26,11 +26,11 @@ between two snapshots (20 ms of a 100 ms round: a fifth of the picks), and NTP l
 exchange's reply carries the store's clock, so each process estimates its offset to it (store_clock.py: the
 midpoint of the round trip, off by at most half of it, from the shortest of the last eight) and reads the store's
 clock as its own plus that offset: one clock read and one addition per pick. The offset is 0 until the first
-exchange, and it moves only at exchanges: a snapshot comes into force once (a pending one is applied once, and
-before the offset moves if it was due) however the offset steps; a step moves the instant a process reads as the
-switch, by at most the step (a few µs to RTT/2 once estimated; the skew itself at the first exchange). Measured
-(experiments/peer_load_skew.py, docs/deploy.md): the same snapshot in every process in 99.9+ % of instants with
-hosts skewed by up to ±45 ms, where the hosts' own clocks agree in 10 % of them.
+exchange, and it moves only at exchanges: however it steps, a snapshot comes into force once and none is skipped
+(a pending one is applied once, and before the step if it was due by then); a step only moves this process's
+switch instants by its size (within a round trip once estimated; the whole skew at the first exchange). Measured
+(experiments/peer_load_skew.py, docs/deploy.md): the same snapshot in every process in 99.8-100 % of instants
+with hosts skewed by up to ±45 ms (on the hosts' own clocks: 10.8 % at ±45 ms, 89 % at ±5 ms).
 
 A round whose snapshot did not arrive in time (store slow or down, loop stalled) keeps the last one for one more
 round, then the live view: the same instants in every process the store failed for. A process that finds no
