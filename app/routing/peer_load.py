@@ -257,11 +257,12 @@ class PeerLoad:
                 self.stale()
 
     def register_metrics(self, meter: Meter) -> None:
-        """Processes in the last snapshot, whether a shared one decides, and exchanges by outcome."""
+        """Processes in the last snapshot, whether a shared one decides, exchanges by outcome, the clock offset."""
         ins.observe(meter, ins.PEER_LOAD_PROCESSES, lambda o: [Observation(self.processes)])
         ins.observe(meter, ins.PEER_LOAD_IN_FORCE, lambda o: [Observation(int(self._in_force >= 0))])
         ins.observe(meter, ins.PEER_LOAD_EXCHANGES,
                     lambda o: [Observation(n, {"outcome": k}) for k, n in self.exchanges.items()])  # fmt: skip
+        ins.observe(meter, ins.PEER_LOAD_CLOCK_OFFSET, lambda o: [Observation(self.offset)])
 
     def _unavailable(self, err: StoreUnavailable) -> None:
         if not self._warned:  # once per outage

@@ -436,6 +436,7 @@ async def test_two_gateways_on_one_redis_share_a_snapshot_in_the_background(redi
         families = {f.name: f for f in text_string_to_metric_families(b.render_metrics()[0].decode())}
         assert families["gateway_peer_load_processes"].samples[0].value == 2
         assert families["gateway_peer_load_in_force"].samples[0].value == 1
+        assert abs(families["gateway_peer_load_clock_offset_seconds"].samples[0].value) < 0.05  # Redis on this host
         shared = [s for s in families["gateway_peer_load_exchanges"].samples if s.labels["outcome"] == "shared"]
         assert shared[0].value >= 1
     finally:
