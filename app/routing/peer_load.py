@@ -207,11 +207,12 @@ class PeerLoad:
             self._unavailable(err)
             self.exchanges["store_unavailable"] += 1
             return None  # the snapshot in force expires on its own: at the same instant wherever the store failed
+        received = self.clock()
         self._warned = False
         if self.store_clock is not None:
             # What was due by the reading before the step comes in first: a step back skips no snapshot.
             self.due()
-            self.offset = self.store_clock.sample(sent, now_us / 1_000_000, self.clock())
+            self.offset = self.store_clock.sample(sent, now_us / 1_000_000, received)
         self._history = [(now_us, mine), *self._history[: HISTORY - 1]]
         current = now_us // self.interval_us
         # In force from the start of the next round, and for one more round if the next snapshot is late.
