@@ -30,7 +30,7 @@ exchange, and it moves only at exchanges: however it steps, a snapshot comes int
 (a pending one is applied once, and before the step if it was due by then); a step only moves this process's
 switch instants by its size (within a round trip once estimated; the whole skew at the first exchange). Measured
 (experiments/peer_load_skew.py, docs/deploy.md): the same snapshot in every process in 99.8-100 % of instants
-with hosts skewed by up to ±45 ms (on the hosts' own clocks: 10.8 % at ±45 ms, 89 % at ±5 ms).
+with hosts skewed by up to ±45 ms (on the hosts' own clocks: ~10 % at ±45 ms, ~90 % at ±5 ms).
 
 A round whose snapshot did not arrive in time (store slow or down, loop stalled) keeps the last one for one more
 round, then the live view: the same instants in every process the store failed for. A process that finds no
