@@ -63,7 +63,8 @@ US = 1_000_000
 
 def _sim_child(port: int) -> None:
     """`kvgate sim` (h100-8b) plus GET /_seen: per chat/Messages/Responses request it served, its x-request-id,
-    when it arrived and when its last byte left (wall clock: the one the gateways' peer-load rounds are aligned on)."""
+    when it arrived and when its last byte left (wall clock: Redis runs on this host, so this is the store's clock
+    the gateways' peer-load rounds are on, up to their estimate's error, ~0.1 ms)."""
     import uvicorn
 
     from app.sim.options import SimOptions
@@ -201,7 +202,7 @@ class Outcome:
     pick: str = ""
     cost: Decimal = Decimal(0)
     snapshot: int = -2  # the peer-load round whose counts decided (-1: the live view; -2: no stamp)
-    decided_us: int = 0  # the deciding process's wall clock at the pick, µs
+    decided_us: int = 0  # the store's clock at the pick as the deciding process reads it, µs
     attempt: int = 1
 
 
@@ -368,13 +369,14 @@ def same_round_agreement(
 ) -> tuple[float, int]:
     """Share of requests whose replica every other gateway also chose for that prefix in the same round.
 
-    A round is the `round_s` slice (wall clock) in which the gateways share one load snapshot (peer_load), so it
-    is where they can agree at all; the same slices are used when peer_load is off. Per request: all requests
+    A round is the `round_s` slice (the store's clock) in which the gateways share one load snapshot (peer_load),
+    so it is where they can agree at all; the same slices are used when peer_load is off. Per request: all requests
     of its prefix in the same round through *other* gateways went to its replica (C's two workers cannot be
     told apart, so pairs inside C do not count). `by`: "arrival" puts a request in the round in which it
     reached its sim (the sims' records), "decision" in the one in which its gateway picked (the gateway's
-    `decided` stamp, its own wall clock). Returns (share %, requests with a peer). With `skip_s`, requests in a
-    round's first `skip_s` are left out (where a late process still decides on the previous snapshot).
+    `decided` stamp, the store's clock as it reads it). Returns (share %, requests with a peer). With `skip_s`,
+    requests in a round's first `skip_s` are left out (where a late process still decides on the previous
+    snapshot).
     """
     agree = counted = 0
     for members in _round_groups(outcomes, owner, round_s, by):

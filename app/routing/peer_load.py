@@ -16,16 +16,27 @@ not each host's. Each publication carries the process's previous two with their 
 reader finds that process's last counts of the round before the store's current one; and once the store's clock
 is past a round nothing more can be published in it: every read during round k yields the same sums of
 everyone's round k-1 counts, snapshot k-1. A process schedules it to come into force at the start of round k+1
-on its wall clock (the gateways' hosts are NTP-synced), and pick brings it in lazily, comparing the clock with
-that instant (one clock read per pick): every process changes snapshot at the same instant however late its event
-loop ran the exchange, as long as the exchange returned within the half round before. In round n every process
-decides on snapshot n-2 (counts 1.5 to 2.5 rounds old: the price of agreeing).
+on the store's clock, and pick brings it in lazily, comparing that clock with that instant: every process changes
+snapshot at the same instant however late its event loop ran the exchange, as long as the exchange returned
+within the half round before. In round n every process decides on snapshot n-2 (counts 1.5 to 2.5 rounds old:
+the price of agreeing).
+
+The store's clock, not the host's: with each host's own clock a skew d between two hosts splits d of every round
+between two snapshots (20 ms of a 100 ms round: a fifth of the picks), and NTP leaves ms to tens of ms. Every
+exchange's reply carries the store's clock, so each process estimates its offset to it (store_clock.py: the
+midpoint of the round trip, off by at most half of it, from the shortest of the last eight) and reads the store's
+clock as its own plus that offset: one clock read and one addition per pick. The offset is 0 until the first
+exchange, and it moves only at exchanges: however it steps, a snapshot comes into force once and none is skipped
+(a pending one is applied once, and before the step if it was due by then); a step only moves this process's
+switch instants by its size (within a round trip once estimated; the whole skew at the first exchange). Measured
+(experiments/peer_load_skew.py, docs/deploy.md): the same snapshot in every process in 99.8-100 % of instants
+with hosts skewed by up to ±45 ms (on the hosts' own clocks: ~10 % at ±45 ms, ~90 % at ±5 ms).
 
 A round whose snapshot did not arrive in time (store slow or down, loop stalled) keeps the last one for one more
 round, then the live view: the same instants in every process the store failed for. A process that finds no
 other process published in the snapshot's round keeps its exact live view (`shared_load` -1) from the next round
-on. Other clients of an engine
-than these gateways are not in the snapshot: the bound counts the gateways' requests while it is in use.
+on. Other clients of an engine than these gateways are not in the snapshot: the bound counts the gateways'
+requests while it is in use.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from opentelemetry.metrics import Meter, Observation
 from app.config import GatewayConfig
 from app.routing.peer_load_config import PeerLoadSettings
 from app.routing.state import ClusterState
+from app.routing.store_clock import StoreClock
 from app.store.base import Store, StoreUnavailable
 from app.telemetry import instruments as ins
 
@@ -57,8 +69,8 @@ HISTORY = 2  # earlier publications each carries: a process publishes once a rou
 
 
 class Pending(NamedTuple):
-    """A snapshot waiting for its instant `at`: the round of its counts, its per-replica sums (None: alone), and
-    when it gives way to the live view if no newer one came (one round after its own)."""
+    """A snapshot waiting for its instant `at` (store clock, s): the round of its counts, its per-replica sums
+    (None: alone), and when it gives way to the live view if no newer one came (one round after its own)."""
 
     at: float
     round: int
@@ -72,7 +84,7 @@ def replica_field(pool: str, url: str) -> str:
 
 
 def until_exchange(now: float, interval_s: float) -> float:
-    """Seconds from `now` (wall clock) to the next exchange: PHASE into every round."""
+    """Seconds from `now` (the store's clock) to the next exchange: PHASE into every round."""
     return (PHASE * interval_s - now) % interval_s
 
 
@@ -104,6 +116,7 @@ class PeerLoad:
         settings: PeerLoadSettings,
         process_id: str = "",
         clock: Callable[[], float] = time.time,
+        on_store_clock: bool = True,
     ) -> None:
         self.store = store
         # A callable: discovery replaces the cluster state, and the next snapshot must land in the new one.
@@ -112,6 +125,10 @@ class PeerLoad:
         self.interval_us = max(round(settings.interval_s * 1_000_000), 1)
         self.process_id = process_id or uuid.uuid4().hex
         self.clock = clock
+        # Rounds are on the store's clock, read as the local one plus `offset` (its estimate from the exchanges'
+        # round trips). Off: the local clock as it is (offset 0), hosts assumed in sync: the measured baseline.
+        self.store_clock = StoreClock() if on_store_clock else None
+        self.offset = 0.0
         self._history: list[tuple[int, dict[str, int]]] = []  # this process's last publications: (store µs, counts)
         self._pending: Pending | None = None
         self._in_force = -1  # the round whose counts are in every replica's shared_load; -1: the live view
@@ -139,16 +156,20 @@ class PeerLoad:
 
     def due(self) -> None:
         """Before a pick: bring the snapshot due by now into force (one clock read; nothing else most picks)."""
-        now = self.clock()
+        now = self.clock() + self.offset
         if now >= self._next_at:
             self._advance(now)
 
     def stamped(self) -> str | None:
-        """`due`, and the route header's note: the round of the snapshot that decides, and when."""
-        now = self.clock()
+        """`due`, and the route header's note: the round of the snapshot that decides, and when (store clock)."""
+        now = self.clock() + self.offset
         if now >= self._next_at:
             self._advance(now)
         return f"snapshot={self._in_force};decided={round(now * 1_000_000)}"  # µs: rounds split on exact integers
+
+    def now(self) -> float:
+        """The store's clock as this process reads it (s): the one the rounds are on."""
+        return self.clock() + self.offset
 
     def in_force(self) -> int:
         """The round whose counts decide now (-1: the live view)."""
@@ -179,13 +200,19 @@ class PeerLoad:
         store is down."""
         mine = {replica_field(r.pool, r.url): r.in_flight for r in self.cluster().replicas() if r.in_flight}
         payload = orjson.dumps({"c": mine, "h": self._history}).decode()
+        sent = self.clock()
         try:
             now_us, everyone = await self.store.share_load(self.process_id, payload, self.settings.ttl_s)
         except StoreUnavailable as err:
             self._unavailable(err)
             self.exchanges["store_unavailable"] += 1
             return None  # the snapshot in force expires on its own: at the same instant wherever the store failed
+        received = self.clock()
         self._warned = False
+        if self.store_clock is not None:
+            # What was due by the reading before the step comes in first: a step back skips no snapshot.
+            self.due()
+            self.offset = self.store_clock.sample(sent, now_us / 1_000_000, received)
         self._history = [(now_us, mine), *self._history[: HISTORY - 1]]
         current = now_us // self.interval_us
         # In force from the start of the next round, and for one more round if the next snapshot is late.
@@ -202,11 +229,11 @@ class PeerLoad:
         others = bool(published - {self.process_id})
         self.processes = len(published | {self.process_id})
         # Late: the instant every process switches at has passed here, so this one switches after the others.
-        self.exchanges["late" if others and self.clock() >= at else "shared" if others else "alone"] += 1
+        self.exchanges["late" if others and self.now() >= at else "shared" if others else "alone"] += 1
         return self._schedule(Pending(at, current - 1, totals if others else None, expires))
 
     def _schedule(self, pending: Pending) -> Pending:
-        now = self.clock()
+        now = self.now()
         if now >= self._next_at:  # the one pending (the last round's) is due: it has its turn first
             self._advance(now)
         self._pending = pending
@@ -222,7 +249,7 @@ class PeerLoad:
     async def run(self) -> None:
         """One exchange in the middle of every round, until cancelled."""
         while True:
-            await asyncio.sleep(until_exchange(self.clock(), self.settings.interval_s))
+            await asyncio.sleep(until_exchange(self.now(), self.settings.interval_s))
             try:
                 await self.exchange()
             except Exception:  # a bug here must not end sharing silently for the process's life
@@ -231,11 +258,12 @@ class PeerLoad:
                 self.stale()
 
     def register_metrics(self, meter: Meter) -> None:
-        """Processes in the last snapshot, whether a shared one decides, and exchanges by outcome."""
+        """Processes in the last snapshot, whether a shared one decides, exchanges by outcome, the clock offset."""
         ins.observe(meter, ins.PEER_LOAD_PROCESSES, lambda o: [Observation(self.processes)])
         ins.observe(meter, ins.PEER_LOAD_IN_FORCE, lambda o: [Observation(int(self._in_force >= 0))])
         ins.observe(meter, ins.PEER_LOAD_EXCHANGES,
                     lambda o: [Observation(n, {"outcome": k}) for k, n in self.exchanges.items()])  # fmt: skip
+        ins.observe(meter, ins.PEER_LOAD_CLOCK_OFFSET, lambda o: [Observation(self.offset)])
 
     def _unavailable(self, err: StoreUnavailable) -> None:
         if not self._warned:  # once per outage

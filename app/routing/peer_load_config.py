@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class PeerLoadSettings(BaseModel):
-    """Rounds of `interval_s` on the wall clock; in each, every process uses the counts all published two before."""
+    """Rounds of `interval_s` on the store's clock; in each, every process uses the counts all published two before."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -157,6 +157,10 @@ PEER_LOAD_EXCHANGES = MetricSpec(
     "Load exchanges by outcome: shared, alone, late (after the snapshot's instant), store_unavailable, failed",
     ("outcome",),
 )  # fmt: skip
+PEER_LOAD_CLOCK_OFFSET = MetricSpec(
+    "gateway.peer_load.clock_offset", "s",
+    "The store's clock minus this host's, as this process estimates it from its exchanges (0 until the first)",
+)  # fmt: skip
 
 # (spec, kind): kind is counter | gauge | histogram, as the Prometheus exporters type the family.
 METER_METRICS = (
@@ -166,6 +170,7 @@ METER_METRICS = (
     (DISCOVERY_CHANGES, "counter"), (PREWARM_REQUESTS, "counter"), (PREWARM_RUNS, "counter"),
     (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"), (REPLICAS, "gauge"),
     (PEER_LOAD_PROCESSES, "gauge"), (PEER_LOAD_IN_FORCE, "gauge"), (PEER_LOAD_EXCHANGES, "counter"),
+    (PEER_LOAD_CLOCK_OFFSET, "gauge"),
 )  # fmt: skip
 _METER_KINDS = {spec.name: kind for spec, kind in METER_METRICS}
 
@@ -220,6 +225,7 @@ PROMETHEUS_NAMES = {
     PEER_LOAD_PROCESSES.name: "gateway_peer_load_processes",
     PEER_LOAD_IN_FORCE.name: "gateway_peer_load_in_force",
     PEER_LOAD_EXCHANGES.name: "gateway_peer_load_exchanges_total",
+    PEER_LOAD_CLOCK_OFFSET.name: "gateway_peer_load_clock_offset_seconds",
 }
 
 

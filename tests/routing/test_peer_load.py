@@ -4,6 +4,7 @@ them from the same instant (real Redis; a fake wall clock where the instant matt
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -37,7 +38,7 @@ async def redis_store(redis_url: str, key_prefix: str) -> AsyncIterator[RedisSto
 
 
 class Clock:
-    """One fake wall clock for the store and every process (the hosts are NTP-synced)."""
+    """One fake clock for the store and every process (a process may read it skewed: `_processes`)."""
 
     def __init__(self) -> None:
         self.us = T0
@@ -62,14 +63,34 @@ class Flaky(Store):  # type: ignore[misc]
         return await self.up.share_load(process_id, payload, ttl_s)
 
 
+class Slow(Store):  # type: ignore[misc]
+    """A store whose replies take time on the fake clock: `to_store_us` before the store stamps one, `back_us` after."""
+
+    def __init__(self, up: Store, clock: Clock) -> None:
+        self.up = up
+        self.clock = clock
+        self.to_store_us = self.back_us = 0
+
+    async def share_load(self, process_id: str, payload: str | None, ttl_s: float):  # type: ignore[no-untyped-def]
+        self.clock.us += self.to_store_us
+        reply = await self.up.share_load(process_id, payload, ttl_s)
+        self.clock.us += self.back_us
+        return reply
+
+
 def _fast(cluster: ClusterState) -> list[ReplicaState]:
     return cluster.pools["fast"].replicas
 
 
-def _processes(store: Store, n: int, clock: Clock | None = None) -> tuple[list[ClusterState], list[PeerLoad]]:
+def _processes(
+    store: Store, n: int, clock: Clock | None = None, skews: list[float] | None = None, on_store_clock: bool = True
+) -> tuple[list[ClusterState], list[PeerLoad]]:
+    """n processes on `clock` (default: the real one), process i's reading it `skews[i]` s ahead."""
     clusters = [make_cluster(make_config(FAST)) for _ in range(n)]
-    kw = {"clock": clock.s} if clock is not None else {}
-    shares = [PeerLoad(store, lambda c=c: c, SETTINGS, f"gw{i}", **kw) for i, c in enumerate(clusters)]  # type: ignore[misc]
+    shares = []
+    for i, (c, skew) in enumerate(zip(clusters, skews or [0.0] * n, strict=True)):
+        read = (lambda skew=skew: clock.s() + skew) if clock is not None else time.time
+        shares.append(PeerLoad(store, lambda c=c: c, SETTINGS, f"gw{i}", read, on_store_clock))  # type: ignore[misc]
     return clusters, shares
 
 
@@ -123,6 +144,74 @@ async def test_a_snapshot_comes_into_force_at_the_next_round_s_start_in_every_pr
     clock.at_round(12, 0.0)
     assert [s.in_force() for s in shares] == [10, 10]
     assert _loads(clusters) == [[1, 1, 0], [1, 1, 0]]
+
+
+async def test_processes_whose_clocks_are_skewed_switch_at_the_same_store_instant() -> None:
+    clock = Clock()  # the store's
+    store = MemoryStore(clock_us=lambda: clock.us)
+    skews = [-0.04, 0.0, 0.04]  # of a 0.1 s round
+    clusters, shares = _processes(store, 3, clock, skews)
+    # The same hosts on their own clocks (a store of their own: the same process ids)
+    locals_, local = _processes(MemoryStore(clock_us=lambda: clock.us), 3, clock, skews, on_store_clock=False)
+    for i, c in enumerate(clusters + locals_):
+        _fast(c)[i % 3].on_start()
+    for k in (10, 11):
+        clock.at_round(k)
+        for share in shares + local:
+            await share.exchange()
+    assert [s.offset for s in shares] == [pytest.approx(-d, abs=1e-9) for d in skews]
+    clock.at_round(11, 0.97)
+    assert [s.in_force() for s in shares] == [-1, -1, -1]
+    assert [s.in_force() for s in local] == [-1, -1, 10]  # 40 ms ahead: already in round 12 by its clock
+    clock.at_round(12, 0.0)
+    assert [s.in_force() for s in shares] == [10, 10, 10]
+    assert _loads(clusters) == [[1, 1, 1]] * 3
+    assert shares[2].stamped() == f"snapshot=10;decided={clock.us}"  # the store's µs: rounds group alike
+    clock.at_round(12, 0.03)
+    assert [s.in_force() for s in local] == [-1, 10, 10]  # 40 ms behind: a third of the round on the old one
+
+
+async def test_a_slow_round_trip_does_not_move_the_offset_nor_the_switch() -> None:
+    clock = Clock()
+    slow = Slow(MemoryStore(clock_us=lambda: clock.us), clock)
+    _, shares = _processes(slow, 2, clock, [0.04, -0.01])
+    clock.at_round(20)
+    for share in shares:
+        await share.exchange()
+    clock.at_round(21)
+    slow.to_store_us, slow.back_us = 2_000, 30_000  # queued on the way back: its midpoint is 14 ms off
+    pending = await shares[0].exchange()
+    slow.to_store_us = slow.back_us = 0
+    await shares[1].exchange()
+    assert [s.offset for s in shares] == [pytest.approx(-0.04, abs=1e-9), pytest.approx(0.01, abs=1e-9)]
+    assert pending is not None and pending.at == pytest.approx(22 * SETTINGS.interval_s)
+    clock.at_round(21, 0.999)
+    assert [s.in_force() for s in shares] == [-1, -1]
+    clock.at_round(22, 0.0)
+    assert [s.in_force() for s in shares] == [20, 20]
+
+
+async def test_an_offset_stepping_back_past_a_due_switch_skips_no_snapshot() -> None:
+    clock = Clock()
+    slow = Slow(MemoryStore(clock_us=lambda: clock.us), clock)
+    _, (me, other) = _processes(slow, 2, clock)
+
+    async def exchange(share: PeerLoad, k: int, phase: float, to_ms: int, back_ms: int) -> None:
+        clock.at_round(k, phase)
+        slow.to_store_us, slow.back_us = to_ms * 1000, back_ms * 1000
+        await share.exchange()
+
+    await exchange(me, 84, 0.5, 20, 0)  # its midpoint says the store is 10 ms ahead: the best so far
+    for k in range(85, 92):
+        await exchange(other, k, 0.5, 0, 0)
+        await exchange(me, k, 0.5, 0, 22)  # 11 ms behind, each a longer round trip
+    assert me.offset == pytest.approx(0.01)
+    # Round 92's exchange runs late: sent 15 ms before the round, stamped 5 ms into it, read 10 ms into it. The
+    # +10 ms sample leaves the window, the estimate steps to -11 ms: back before round 90's switch, due until then.
+    await exchange(me, 91, 0.85, 20, 5)
+    assert me.offset == pytest.approx(-0.011)
+    clock.at_round(92, 0.5)
+    assert [me.in_force(), other.in_force()] == [90, 90]
 
 
 async def test_a_snapshot_that_returned_after_its_instant_comes_into_force_at_the_next_pick() -> None:
@@ -193,21 +282,16 @@ async def test_a_process_alone_decides_on_its_live_view_from_the_next_round_on()
 
 async def test_exchanges_are_counted_by_outcome_with_the_processes_of_the_last_snapshot() -> None:
     clock = Clock()
-    store_us = [T0]
-    store = Flaky(MemoryStore(clock_us=lambda: store_us[0]))
+    slow = Slow(MemoryStore(clock_us=lambda: clock.us), clock)
+    store = Flaky(slow)
     _, shares = _processes(store, 2, clock)
-
-    def at_round(k: int, phase: float = 0.5) -> None:
-        clock.at_round(k, phase)
-        store_us[0] = clock.us
-
-    at_round(70)
+    clock.at_round(70)
     for share in shares:
         await share.exchange()  # nobody published in round 69
-    at_round(71)
+    clock.at_round(71)
     await shares[0].exchange()  # both published in round 70
-    store_us[0] = int(72.5 * SETTINGS.interval_s * US)
-    clock.at_round(73, 0.1)  # the reply of round 72's exchange was read after round 73 began
+    clock.at_round(72)
+    slow.back_us = int(0.6 * SETTINGS.interval_s * US)  # the reply of round 72's exchange is read in round 73
     await shares[1].exchange()
     store.down = True
     await shares[0].exchange()
@@ -237,8 +321,7 @@ async def test_an_exchange_that_reached_the_store_a_round_late_schedules_the_sto
 async def test_the_same_snapshot_gives_every_process_the_same_pick_where_live_views_differ(
     redis_store: RedisStore,
 ) -> None:
-    clock = Clock()
-    clusters, shares = _processes(redis_store, 2, clock)
+    clusters, shares = _processes(redis_store, 2)
     policy = PrefixAffinity(1.25)
     key = 77
     home = policy.select(_fast(clusters[0]), key).chosen.index
@@ -246,11 +329,10 @@ async def test_the_same_snapshot_gives_every_process_the_same_pick_where_live_vi
     _fast(clusters[1])[(home + 1) % 3].on_start()
     live = [policy.select(_fast(c), key).chosen.index for c in clusters]
     assert live[0] != live[1]  # each sees only its own request: one spills, the other goes home
-    # The activation instant comes from Redis' clock; the fake one is moved past it.
     pending = [await share.exchange() for share in shares]
     await asyncio.sleep(SETTINGS.interval_s)
     pending = [await share.exchange() for share in shares]
-    clock.us = int(max(p.at for p in pending if p is not None) * US) + 1
+    await asyncio.sleep(max(p.at for p in pending if p is not None) - shares[0].now() + 0.002)  # Redis' instant
     assert len({s.in_force() for s in shares}) == 1
     assert len({policy.select(_fast(c), key).chosen.index for c in clusters}) == 1
 
@@ -354,6 +436,7 @@ async def test_two_gateways_on_one_redis_share_a_snapshot_in_the_background(redi
         families = {f.name: f for f in text_string_to_metric_families(b.render_metrics()[0].decode())}
         assert families["gateway_peer_load_processes"].samples[0].value == 2
         assert families["gateway_peer_load_in_force"].samples[0].value == 1
+        assert abs(families["gateway_peer_load_clock_offset_seconds"].samples[0].value) < 0.05  # Redis on this host
         shared = [s for s in families["gateway_peer_load_exchanges"].samples if s.labels["outcome"] == "shared"]
         assert shared[0].value >= 1
     finally:
