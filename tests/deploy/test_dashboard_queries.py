@@ -12,14 +12,11 @@ gateway pushes). Needs the `prometheus` binary (Debian: `apt-get install prometh
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +24,23 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import redis
 import yaml
 
-from tests.deploy.files import DASHBOARDS, ROOT, dashboard_targets, dashboard_variables, prometheus_name
+from tests.deploy.files import DASHBOARDS, dashboard_targets, dashboard_variables, prometheus_name
+from tests.deploy.stack import (
+    FAST_SIM,
+    KEYS,
+    MODEL,
+    gateway_config,
+    prometheus_argv,
+    prometheus_config,
+    redis_store,
+    sim_argv,
+    sim_ports,
+    spawn,
+    wait_http,
+)
 from tests.servers import free_port
-from tests.store.redis_fixtures import RedisServer
 from tests.telemetry.otlp_receiver import Received, otlp_receiver
 
 pytestmark = [
@@ -41,11 +49,9 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary (apt-get install prometheus)"),
 ]
 
-MODEL = "smollm2-135m"
 SCRAPE_S = 1
 # Values Grafana would put in; every range must hold several 1 s scrapes of the burst.
 SUBSTITUTIONS = {"$__rate_interval": "1m", "$__range": "10m", "$__interval": "15s", "$tenant": ".*", "$pool": ".*"}
-KEYS = {"acme": "sk-acme-test", "globex": "sk-globex-test", "tiny": "sk-tiny-test"}
 
 
 @dataclass
@@ -56,104 +62,6 @@ class Stack:
     prometheus: str
     otlp: Received
     logs: Path
-
-
-def _events(ports: dict[str, int], sim: str) -> tuple[str, str]:
-    """The KV-event PUB and replay ports of a sim, as the gateway connects to them."""
-    return f"tcp://127.0.0.1:{ports[sim + '-kv']}", f"tcp://127.0.0.1:{ports[sim + '-replay']}"
-
-
-def _gateway_config(ports: dict[str, int], otlp: str, store: dict[str, Any]) -> dict[str, Any]:
-    price = {"gpu_hour_usd": 2.50, "gpus": 1}
-    fast = [
-        {"url": f"http://127.0.0.1:{ports[sim]}", "kv_events": _events(ports, sim)[0],
-         "kv_replay": _events(ports, sim)[1], "kv_topic": "kv"}
-        for sim in ("vllm-fast", "vllm-fast-2")
-    ]  # fmt: skip
-    return {
-        "listen": {"host": "127.0.0.1", "port": ports["gateway"]},
-        "store": store,
-        "models": [{"name": MODEL, "pools": ["fast", "bulk"]}],
-        "pools": {
-            "fast": {
-                "role": "interactive",
-                "served_model": MODEL,
-                # The second replica's engine starts after the traffic: it joins, and is pre-warmed.
-                "replicas": fast,
-                "priority_scheduling": True,
-                "price": {**price, "capacity_tokens_per_s": 1500},
-            },
-            "bulk": {
-                "role": "bulk",
-                "served_model": MODEL,
-                # Found by discovery (an address resolves to itself), for the discovery panels.
-                "discovery": {
-                    "dns": f"127.0.0.1:{ports['vllm-bulk']}",
-                    "interval_s": 0.5,
-                    "kv_events": {
-                        "endpoint": f"tcp://{{host}}:{ports['vllm-bulk-kv']}",
-                        "replay": f"tcp://{{host}}:{ports['vllm-bulk-replay']}",
-                        "topic": "kv",
-                    },
-                },
-                # Unattainable TTFT SLO: once bulk has a TTFT estimate it counts as saturated, so bulk
-                # requests borrow the idle fast pool and the spill-over panel has something to show.
-                "ttft_slo_ms": 0.001,
-                "admission": {"enabled": True},  # the queue panels need its metrics (fast path here)
-                "price": {**price, "capacity_tokens_per_s": 6000},
-            },
-        },
-        "tenants": [
-            {"id": "acme", "api_keys": [KEYS["acme"]], "default_class": "interactive", "normalize": "on"},
-            {"id": "globex", "api_keys": [KEYS["globex"]], "default_class": "bulk", "normalize": "observe"},
-            {"id": "tiny", "api_keys": [KEYS["tiny"]], "limits": {"rpm": 2}},
-        ],
-        "auth": {"required": True},
-        "telemetry": {"otlp_endpoint": otlp, "service_name": "kvgate", "metric_export_interval_s": 1},
-        "routing": {"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 2},
-    }
-
-
-def _prometheus_config(ports: dict[str, int]) -> dict[str, Any]:
-    """config/prometheus.yml with each compose hostname pointed at the loopback port standing in for it."""
-    cfg = yaml.safe_load((ROOT / "config" / "prometheus.yml").read_text())
-    cfg["global"]["scrape_interval"] = f"{SCRAPE_S}s"
-    cfg["global"]["evaluation_interval"] = f"{SCRAPE_S}s"
-    for job in cfg["scrape_configs"]:
-        for sc in job["static_configs"]:
-            sc["targets"] = [f"127.0.0.1:{ports[t.split(':')[0]]}" for t in sc["targets"]]
-    return cfg
-
-
-def _spawn(es: ExitStack, logs: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-    log = (logs / f"{name}.log").open("wb")
-    es.callback(log.close)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
-
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-    es.callback(stop)
-    return proc
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], logs: Path, name: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited:\n{(logs / f'{name}.log').read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{name} not ready at {url}:\n{(logs / f'{name}.log').read_text()[-3000:]}")
 
 
 def _chat(base: str, tenant: str, cls: str, i: int, stream: bool) -> None:
@@ -206,22 +114,13 @@ def _join_a_replica(es: ExitStack, logs: Path, kvgate: list[str], ports: dict[st
     warmed with those it becomes the home of, about half), and wait for its pre-warm to end."""
     for i in range(8):
         _chat(gateway, "acme", "interactive", 20 + i, stream=False)
-    proc = _spawn(es, logs, "sim-fast-2", _sim_argv(kvgate, ports, "vllm-fast-2", []))
-    _wait_http(f"http://127.0.0.1:{ports['vllm-fast-2']}/health", proc, logs, "sim-fast-2")
+    proc = spawn(es, logs, "sim-fast-2", sim_argv(kvgate, ports, "vllm-fast-2", []))
+    wait_http(f"http://127.0.0.1:{ports['vllm-fast-2']}/health", proc, logs, "sim-fast-2")
     deadline = time.monotonic() + 30
     while "gateway_prewarm_runs_total{" not in httpx.get(f"{gateway}/metrics", timeout=5).text:
         if time.monotonic() > deadline:
             raise RuntimeError(f"no pre-warm run:\n{(logs / 'gateway.log').read_text()[-3000:]}")
         time.sleep(0.5)
-
-
-def _sim_argv(kvgate: list[str], ports: dict[str, int], sim: str, extra: list[str]) -> list[str]:
-    """A sim that publishes KV events and answers replays, as the shipped engines do."""
-    return [
-        *kvgate, "sim", "--port", str(ports[sim]), "--model", MODEL, "--profile", "h100-8b", *extra,
-        "--kv-events", f"tcp://*:{ports[sim + '-kv']}", "--kv-replay", f"tcp://*:{ports[sim + '-replay']}",
-        "--kv-topic", "kv",
-    ]  # fmt: skip
 
 
 def _query(prom: str, expr: str) -> dict[str, Any]:
@@ -230,60 +129,31 @@ def _query(prom: str, expr: str) -> dict[str, Any]:
     return body
 
 
-@contextmanager
-def _redis(workdir: Path) -> Iterator[dict[str, Any]]:
-    """The gateway's store as in compose: Redis (REDIS_URL under a key prefix of our own, else a
-    throwaway redis-server with AOF on); our keys are deleted afterwards."""
-    url = os.environ.get("REDIS_URL")
-    server = None
-    if not url:
-        server = RedisServer(workdir, appendonly=True)
-        server.start()
-        url = server.url
-    prefix = f"kvgate-deploy-test:{uuid.uuid4().hex[:12]}:"
-    try:
-        yield {"url": url, "key_prefix": prefix}
-    finally:
-        client = redis.Redis.from_url(url)
-        for key in client.scan_iter(match=f"{prefix}*", count=500):
-            client.delete(key)
-        client.close()
-        if server is not None:
-            server.stop()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("deploy-stack")
-    sims = ("vllm-fast", "vllm-fast-2", "vllm-bulk")
-    names = ("gateway", "localhost", *sims, *(f"{n}-kv" for n in sims), *(f"{n}-replay" for n in sims))
-    ports = {name: free_port() for name in names}
-    ports["otel-collector"] = ports["gateway"]  # the gateway's /metrics stands in for the collector exporter
+    ports = {"gateway": free_port(), "localhost": free_port(), **sim_ports(("vllm-fast", "vllm-fast-2", "vllm-bulk"))}
     kvgate = [sys.executable, "-m", "app.cli"]
-    with ExitStack() as es, otlp_receiver() as (otlp_url, received), _redis(logs) as store:
+    with ExitStack() as es, otlp_receiver() as (otlp_url, received), redis_store(logs) as store:
         running = {}
-        for pool, extra in (
-            ("fast", ["--speculative", "ngram:3:0.7", "--scheduling-policy", "priority"]),
-            ("bulk", []),
-        ):
-            argv = _sim_argv(kvgate, ports, f"vllm-{pool}", extra)
-            running[pool] = (_spawn(es, logs, f"sim-{pool}", argv), ports[f"vllm-{pool}"])
+        for pool, extra in (("fast", FAST_SIM), ("bulk", [])):
+            argv = sim_argv(kvgate, ports, f"vllm-{pool}", extra)
+            running[pool] = (spawn(es, logs, f"sim-{pool}", argv), ports[f"vllm-{pool}"])
         for pool, (proc, port) in running.items():
-            _wait_http(f"http://127.0.0.1:{port}/health", proc, logs, f"sim-{pool}")
+            wait_http(f"http://127.0.0.1:{port}/health", proc, logs, f"sim-{pool}")
         cfg_path = logs / "gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump(_gateway_config(ports, otlp_url, store)))
-        gw = _spawn(es, logs, "gateway", [*kvgate, "serve", "--config", str(cfg_path)])
+        cfg_path.write_text(yaml.safe_dump(gateway_config(ports, store, otlp=otlp_url)))
+        gw = spawn(es, logs, "gateway", [*kvgate, "serve", "--config", str(cfg_path)])
         gateway = f"http://127.0.0.1:{ports['gateway']}"
-        _wait_http(f"{gateway}/ready", gw, logs, "gateway")
+        wait_http(f"{gateway}/ready", gw, logs, "gateway")
         prom_cfg = logs / "prometheus.yml"
-        prom_cfg.write_text(yaml.safe_dump(_prometheus_config(ports)))
-        prom_argv = [
-            "prometheus", f"--config.file={prom_cfg}", f"--storage.tsdb.path={logs / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{ports['localhost']}", "--log.level=warn",
-        ]  # fmt: skip
-        prom = _spawn(es, logs, "prometheus", prom_argv)
+        # The gateway's /metrics stands in for the collector's exporter.
+        targets = {host: [ports[host]] for host in ("gateway", "localhost", "vllm-fast", "vllm-bulk")}
+        targets["otel-collector"] = [ports["gateway"]]
+        prom_cfg.write_text(yaml.safe_dump(prometheus_config(targets, SCRAPE_S)))
+        prom = spawn(es, logs, "prometheus", prometheus_argv(prom_cfg, logs / "tsdb", ports["localhost"]))
         prometheus = f"http://127.0.0.1:{ports['localhost']}"
-        _wait_http(f"{prometheus}/-/ready", prom, logs, "prometheus")
+        wait_http(f"{prometheus}/-/ready", prom, logs, "prometheus")
         time.sleep(2 * SCRAPE_S)  # a baseline scrape before traffic, so rate() sees the increase
         _traffic(gateway)
         _join_a_replica(es, logs, kvgate, ports, gateway)
