@@ -26,6 +26,8 @@ from matplotlib.axes import Axes
 
 ROW_INCH = 0.42  # one Grafana grid unit of height
 WIDTH_INCH = 22.0
+HEADER_INCH = 0.8  # the dashboard title's band above the grid
+LEFT_PAD = 0.03  # of the figure's width, left of each panel's plot: the y tick labels and unit
 
 
 def substitute(expr: str, window_s: int) -> str:
@@ -77,18 +79,28 @@ class Prom:
 
 
 def draw_timeseries(ax: Axes, prom: Prom, panel: dict[str, Any], window_s: int) -> None:
-    """Lines (stacked when the panel stacks) over the window."""
+    """Lines over the window; stacked, with the band under each line filled, when the panel stacks."""
     end = time.time()
     start = end - window_s
     step = max(window_s / 120, 1)
     unit = panel["fieldConfig"]["defaults"].get("unit", "short")
+    stacked = panel["fieldConfig"]["defaults"].get("custom", {}).get("stacking", {}).get("mode") == "normal"
+    top: dict[float, float] = {}  # stacked: each timestamp's running total, the next series' floor
     for t in panel["targets"]:
         for series in prom.range(substitute(t["expr"], window_s), start, end, step):
-            xs = [(float(ts) - end) / 60 for ts, _ in series["values"]]
-            ys = [float(v) for _, v in series["values"]]
-            if unit == "percentunit":
-                ys = [100 * y for y in ys]
-            ax.plot(xs, ys, linewidth=1.2, label=legend(t.get("legendFormat", ""), series["metric"]))
+            stamps = [float(ts) for ts, _ in series["values"]]
+            xs = [(ts - end) / 60 for ts in stamps]
+            ys = [float(v) * (100 if unit == "percentunit" else 1) for _, v in series["values"]]
+            label = legend(t.get("legendFormat", ""), series["metric"])
+            if not stacked:
+                ax.plot(xs, ys, linewidth=1.2, label=label)
+                continue
+            floor = [top.get(ts, 0.0) for ts in stamps]
+            ys = [f + y for f, y in zip(floor, ys, strict=True)]
+            top.update(zip(stamps, ys, strict=True))
+            (line,) = ax.plot(xs, ys, linewidth=1.0, label=label)
+            ax.fill_between(xs, floor, ys, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlim(-window_s / 60, 0)  # the whole range, as Grafana shows it, also for series that start late
     ax.set_xlabel("minutes ago", fontsize=7)
     ax.set_ylabel(
         {"percentunit": "%", "currencyUSD": "USD", "s": "seconds", "reqps": "req/s"}.get(unit, ""), fontsize=7
@@ -128,6 +140,11 @@ def draw_bargauge(ax: Axes, prom: Prom, panel: dict[str, Any], window_s: int) ->
     ax.barh(names, values, color="#f9a825")
     for i, v in enumerate(values):
         ax.text(v, i, " " + fmt_value(v, unit), va="center", fontsize=8)
+    finite = [v for v in values if math.isfinite(v)]
+    if finite and max(finite) > 0:
+        ax.set_xlim(0, 1.12 * max(finite))  # room right of the longest bar for its value
+    if not values:
+        ax.text(0.5, 0.5, "No data", ha="center", va="center", transform=ax.transAxes)
     ax.invert_yaxis()
     ax.tick_params(labelsize=8)
     ax.set_xticks([])
@@ -136,9 +153,12 @@ def draw_bargauge(ax: Axes, prom: Prom, panel: dict[str, Any], window_s: int) ->
 def render(dashboard: dict[str, Any], prom: Prom, window_s: int, out: Path) -> None:
     """Every panel of the dashboard into one PNG."""
     bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"])
-    fig = plt.figure(figsize=(WIDTH_INCH, bottom * ROW_INCH + 0.6))
-    fig.suptitle(f"{dashboard['title']}  (last {window_s // 60} min, all tenants, all pools)", fontsize=14)
-    top = 1 - 0.6 / (bottom * ROW_INCH + 0.6)
+    height = bottom * ROW_INCH + HEADER_INCH
+    fig = plt.figure(figsize=(WIDTH_INCH, height))
+    # In the header band: suptitle's default height is a share of the figure, inside the first row on a tall one.
+    title = f"{dashboard['title']}  (last {window_s // 60} min, all tenants, all pools)"
+    fig.suptitle(title, fontsize=14, y=1 - 0.5 * HEADER_INCH / height, va="center")
+    top = 1 - HEADER_INCH / height
     for panel in dashboard["panels"]:
         g = panel["gridPos"]
         x0, w = g["x"] / 24, g["w"] / 24
@@ -146,7 +166,8 @@ def render(dashboard: dict[str, Any], prom: Prom, window_s: int, out: Path) -> N
         if panel["type"] == "row":
             fig.text(0.005, y0 + h / 2, panel["title"], fontsize=12, weight="bold", va="center")
             continue
-        ax = fig.add_axes((x0 + 0.03 * w, y0 + 0.16 * h, 0.94 * w, 0.70 * h))
+        # A fixed left margin (not a share of the panel's width): a narrow panel's tick labels need as much room.
+        ax = fig.add_axes((x0 + LEFT_PAD, y0 + 0.16 * h, w - LEFT_PAD - 0.008, 0.70 * h))
         ax.set_title(panel["title"], fontsize=9, loc="left")
         {"timeseries": draw_timeseries, "stat": draw_stat, "bargauge": draw_bargauge}[panel["type"]](
             ax, prom, panel, window_s
