@@ -28,6 +28,23 @@ GENAI = 'kvgate_pool=~"$pool"'
 RI = "$__rate_interval"
 
 
+def gpu_cost(fn: str, window: str) -> str:
+    """A pool's GPU USD over `window` (`fn`: increase or rate). Every gateway process counts the whole pool's
+    GPU spend since it started, so the fleet's is the max over processes, never their sum."""
+    return f"max by (pool) ({fn}(gateway_pool_gpu_cost_usd_total{{{P}}}[{window}]))"
+
+
+def idle_cost(fn: str, window: str) -> str:
+    """A pool's GPU USD not charged to any tenant over `window`: its GPU cost minus the charges of every process.
+
+    Not a sum of gateway_pool_idle_cost_usd_total: each process's counter is the whole pool's GPU spend minus
+    only its own charges (app/cost.py, IdleCostMeter). A pool nobody was charged on is wholly idle (`or … * 0`).
+    """
+    gpu = gpu_cost(fn, window)
+    charged = f"sum by (pool) ({fn}(gateway_tenant_cost_usd_total{{{P}}}[{window}]))"
+    return f"clamp_min({gpu} - ({charged} or {gpu} * 0), 0)"
+
+
 @dataclass(frozen=True)
 class Target:
     """One PromQL query of a panel and its legend."""
@@ -287,12 +304,13 @@ COST = Dashboard(
                 Panel(
                     "Idle GPU cost in range",
                     "stat",
-                    (Target(f"sum(increase(gateway_pool_idle_cost_usd_total{{{P}}}[$__range]))"),),
+                    (Target(f"sum({idle_cost('increase', '$__range')})"),),
                     unit="currencyUSD",
                     width=6,
                     height=4,
                     decimals=2,
-                    description="GPU money not covered by tenant charges: capacity paid for and not used.",
+                    description="GPU money not covered by tenant charges: capacity paid for and not used "
+                    "(pool GPU cost minus the charges of every gateway process).",
                 ),
                 Panel(
                     "GPU cost recovered",
@@ -300,7 +318,7 @@ COST = Dashboard(
                     (
                         Target(
                             f"sum(increase(gateway_tenant_cost_usd_total{{{P}}}[$__range])) / "
-                            f"sum(increase(gateway_pool_gpu_cost_usd_total{{{P}}}[$__range]))"
+                            f"sum({gpu_cost('increase', '$__range')})"
                         ),
                     ),
                     unit="percentunit",
@@ -366,13 +384,8 @@ COST = Dashboard(
                     "GPU cost and idle cost by pool",
                     "timeseries",
                     (
-                        Target(
-                            f"sum by (pool) (rate(gateway_pool_gpu_cost_usd_total{{{P}}}[{RI}])) * 3600", "{{pool}} GPU"
-                        ),
-                        Target(
-                            f"sum by (pool) (rate(gateway_pool_idle_cost_usd_total{{{P}}}[{RI}])) * 3600",
-                            "{{pool}} idle",
-                        ),
+                        Target(f"{gpu_cost('rate', RI)} * 3600", "{{pool}} GPU"),
+                        Target(f"{idle_cost('rate', RI)} * 3600", "{{pool}} idle"),
                     ),
                     unit="currencyUSD",
                     width=24,
