@@ -239,8 +239,26 @@ def main(argv: list[str] | None = None) -> int:
     if "prometheus" in missing or (missing and not os.environ.get("REDIS_URL")):
         sys.exit(f"needs {' and '.join(missing)} on PATH (Debian: apt-get install prometheus redis-server)")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIGINT ignored)
     logs = Path(tempfile.mkdtemp(prefix="kvgate-preview-"))
     print(f"logs in {logs}", flush=True)
+    t0 = time.monotonic()
+    try:
+        _run(args, logs)
+    except KeyboardInterrupt:
+        print(f"interrupted: everything it started is stopped; logs kept in {logs}", file=sys.stderr)
+        return 130
+    except Exception:
+        print(f"failed: everything it started is stopped; logs kept in {logs}", file=sys.stderr)
+        raise
+    if not args.keep_logs:
+        shutil.rmtree(logs, ignore_errors=True)
+    print(f"done in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def _run(args: argparse.Namespace, logs: Path) -> None:
+    """Stack up, the phases, the renders; the ExitStack stops every child however this ends."""
     t0 = time.monotonic()
     with ExitStack() as es:
         store = es.enter_context(redis_store(logs))
@@ -256,10 +274,6 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(5 * SCRAPE_S)  # the last requests' metrics scraped
         print("\n".join(_check(run)), flush=True)
         _render(run, args.out_dir, time.monotonic() - started)
-    if not args.keep_logs:  # a failed run keeps them (the exception leaves before this line)
-        shutil.rmtree(logs, ignore_errors=True)
-    print(f"done in {time.monotonic() - t0:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":
