@@ -62,7 +62,7 @@ SCRAPE_S = 1  # short-lived states (a replica warming for a second) still get a 
 KEYS = {"acme": "sk-preview-acme", "globex": "sk-preview-globex", "initech": "sk-preview-initech"}
 RPM = 30  # initech's limit: 0.4 req/s stays under it, 2 req/s is four times over
 DASHBOARDS = {"kvgate-cost.json": "kvgate-cost-preview.png", "kvgate-vllm.json": "kvgate-vllm-preview.png"}
-TENANTS = [
+TENANTS: list[dict[str, Any]] = [
     {"id": "acme", "api_keys": [KEYS["acme"]], "default_class": "interactive", "normalize": "on"},
     {"id": "globex", "api_keys": [KEYS["globex"]], "default_class": "bulk", "normalize": "observe"},
     {"id": "initech", "api_keys": [KEYS["initech"]], "limits": {"rpm": RPM}},
