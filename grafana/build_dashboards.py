@@ -700,6 +700,19 @@ COST = Dashboard(
                     "other process published), late (read after the instant every process switches at: that "
                     "process decided differently for a moment), store_unavailable, failed.",
                 ),
+                Panel(
+                    "Host clocks against Redis' clock",
+                    "timeseries",
+                    (
+                        Target("max(gateway_peer_load_clock_offset_seconds)", "most ahead of the hosts"),
+                        Target("min(gateway_peer_load_clock_offset_seconds)", "most behind"),
+                    ),
+                    unit="s",
+                    width=8,
+                    description="Each gateway process's estimate of Redis' clock minus its host's (from the "
+                    "load exchanges' round trips). Rounds switch on Redis' clock, so host skew does not split "
+                    "the snapshot; a spread here is NTP drift between the gateway hosts.",
+                ),
                 # The KV-event series carry the replica (its URL), not the pool: these panels show every pool.
                 Panel(
                     "KV-event view complete by replica",

@@ -52,6 +52,10 @@ def home_of(key: int, replicas: list[ReplicaState]) -> ReplicaState:
     return max(replicas, key=lambda r: ((key ^ r.hash) * GOLDEN64) & MASK64)
 
 
+RUN_RESULTS = ("done", "budget", "failed", "aborted", "skipped")
+REPLAY_OUTCOMES = ("ok", "skipped", "failed")
+
+
 @dataclass(slots=True)
 class Run:
     """One pre-warm's counts."""
@@ -96,6 +100,15 @@ class Prewarmer:
             self._runs = ins.instrument(meter, ins.PREWARM_RUNS)
             self._duration = ins.instrument(meter, ins.PREWARM_DURATION)
             self._tokens = ins.instrument(meter, ins.PREWARM_TOKENS)
+            # Every series from 0: a counter whose first scrape already reads 1 shows no increase in Prometheus,
+            # and a pool's first pre-warm (often its only one) would vanish from the panels.
+            for pool in cluster.pools:
+                for result in RUN_RESULTS:
+                    self._runs.add(0, {"pool": pool, "result": result})
+                for outcome in REPLAY_OUTCOMES:
+                    self._requests.add(0, {"pool": pool, "outcome": outcome})
+                for kind in ("uncached", "cached"):
+                    self._tokens.add(0, {"pool": pool, "type": kind})
 
     async def start(self) -> None:
         """Open the replays' own connection pool (requests to other replicas never wait behind it)."""

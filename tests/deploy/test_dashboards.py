@@ -80,6 +80,7 @@ def test_cost_dashboard_rows_cover_the_operator_page() -> None:
         "gateway_discovery_replicas", "gateway_prewarm_runs_total", "gateway_prewarm_requests_total",
         "gateway_prewarm_tokens_total", "gateway_prewarm_duration_seconds_sum", "gateway_pool_replicas",
         "gateway_peer_load_processes", "gateway_peer_load_in_force", "gateway_peer_load_exchanges_total",
+        "gateway_peer_load_clock_offset_seconds",
     }  # fmt: skip
     assert must <= queried
 

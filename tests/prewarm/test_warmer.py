@@ -21,7 +21,7 @@ from app.api.surfaces import CHAT
 from app.config import parse_config
 from app.prewarm.config import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
-from app.prewarm.warmer import Prewarmer, home_of
+from app.prewarm.warmer import REPLAY_OUTCOMES, RUN_RESULTS, Prewarmer, home_of
 from app.routing.state import ClusterState, ReplicaState
 from tests.servers import free_port, serve_in_thread
 
@@ -251,6 +251,24 @@ async def test_the_log_line_and_metrics_hold_counts_not_prompt_text(caplog: pyte
         for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
     }  # fmt: skip
     assert points["gateway.prewarm.requests"] == 2 and points["gateway.prewarm.runs"] == 1
+
+
+def test_every_run_and_replay_series_starts_at_zero_so_a_first_pre_warm_shows_as_an_increase() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    Prewarmer(PrewarmConfig(), PrefixMemory(PrewarmConfig()), cluster_of(OTHER),
+              meter=MeterProvider(metric_readers=[reader]).get_meter("t"))  # fmt: skip
+    data = reader.get_metrics_data()
+    assert data is not None
+    series = {
+        (m.name, tuple(sorted(p.attributes.items()))): p.value
+        for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics for p in m.data.data_points
+    }  # fmt: skip
+    runs = {dict(k[1])["result"] for k in series if k[0] == "gateway.prewarm.runs"}
+    assert runs == set(RUN_RESULTS) and set(series.values()) == {0}
+    assert {dict(k[1])["outcome"] for k in series if k[0] == "gateway.prewarm.requests"} == set(REPLAY_OUTCOMES)
 
 
 async def test_each_run_is_one_span_with_counts_and_no_text() -> None:
