@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,21 +196,33 @@ def _ratio(rows: list[Sent]) -> float:
     return sum(s.cached for s in rows) / prompt if prompt else 0.0
 
 
-async def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> ArmResult:
-    res = ArmResult(arm, args.seed, args.first_n)
+def start_a_and_b(tag: str, workdir: Path, config: Callable[[list[str]], dict[str, Any]]
+                  ) -> tuple[list[int], list[str], list[subprocess.Popen[bytes]], str]:  # fmt: skip
+    """Sims A and B and a gateway whose config (`config(sims)`) lists C too, not started yet: the three ports,
+    the sims' URLs, the processes (stopped here if the start fails) and the gateway's URL."""
     ports = [free_port() for _ in range(3)]
     sims = [f"http://127.0.0.1:{p}" for p in ports]
-    procs = [_spawn([*SIM, str(p)], workdir / f"{arm}-sim{i}.log") for i, p in enumerate(ports[:2])]
+    procs = [_spawn([*SIM, str(p)], workdir / f"{tag}-sim{i}.log") for i, p in enumerate(ports[:2])]
     try:
         for url, proc in zip(sims[:2], procs, strict=True):
             wait_http(url + "/health", 60, proc)
-        cfg_path = workdir / f"{arm}-gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump(gateway_config(sims, args.tenants, arm == "prewarm")))
+        cfg_path = workdir / f"{tag}-gateway.yaml"
+        cfg_path.write_text(yaml.safe_dump(config(sims)))
         gw_port = free_port()
-        base = f"http://127.0.0.1:{gw_port}"
         procs.append(_spawn([KVGATE, "serve", "--config", str(cfg_path), "--port", str(gw_port), "--log-level",
-                             "info"], workdir / f"{arm}-gateway.log"))  # fmt: skip
+                             "info"], workdir / f"{tag}-gateway.log"))  # fmt: skip
+        base = f"http://127.0.0.1:{gw_port}"
         wait_http(base + "/ready", 120, procs[-1])
+    except BaseException:
+        _stop(procs)
+        raise
+    return ports, sims, procs, base
+
+
+async def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> ArmResult:
+    res = ArmResult(arm, args.seed, args.first_n)
+    ports, sims, procs, base = start_a_and_b(arm, workdir, lambda s: gateway_config(s, args.tenants, arm == "prewarm"))
+    try:
         await asyncio.sleep(1.0)  # C's probes fail: it leaves the rotation before any request
         options = WorkloadOptions(seed=args.seed, tenants=args.tenants,
                                   api_keys=tuple(f"sk-pw-{k}" for k in range(args.tenants)))  # fmt: skip

@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from app.bench.apis import to_body, whole_text
 from app.bench.spec import RequestRecord
 from app.bench.workloads import Session, Workload, WorkloadOptions
-from experiments.prewarm_eval import KVGATE, SIM, _seen, _spawn, _stop, api_path, gateway_config
-from experiments.procs import free_port, metric_sum, scrape, wait_http
+from experiments.prewarm_eval import SIM, _seen, _spawn, _stop, api_path, gateway_config, start_a_and_b
+from experiments.procs import metric_sum, scrape, wait_http
 
 ARMS = {"cold": {"enabled": False}, "prefix": {"history_budget_chars": 0}, "history": {}}
 _WORDS = ("def", "return", "self", "import", "config", "value", "error", "test", "assert", "path", "file", "line")
@@ -135,19 +134,8 @@ def _config(sims: list[str], args: argparse.Namespace, arm: str) -> dict[str, An
 async def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> HistoryResult:
     """One arm: sessions before the join, C joins, every session's next turn."""
     res = HistoryResult(arm, args.seed, args.sessions)
-    ports = [free_port() for _ in range(3)]
-    sims = [f"http://127.0.0.1:{p}" for p in ports]
-    procs = [_spawn([*SIM, str(p)], workdir / f"h-{arm}-sim{i}.log") for i, p in enumerate(ports[:2])]
+    ports, sims, procs, base = start_a_and_b(f"h-{arm}", workdir, lambda s: _config(s, args, arm))
     try:
-        for url, proc in zip(sims[:2], procs, strict=True):
-            wait_http(url + "/health", 60, proc)
-        cfg_path = workdir / f"h-{arm}-gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump(_config(sims, args, arm)))
-        gw_port = free_port()
-        base = f"http://127.0.0.1:{gw_port}"
-        procs.append(_spawn([KVGATE, "serve", "--config", str(cfg_path), "--port", str(gw_port), "--log-level",
-                             "info"], workdir / f"h-{arm}-gateway.log"))  # fmt: skip
-        wait_http(base + "/ready", 120, procs[-1])
         await asyncio.sleep(1.0)  # C's probes fail: it leaves the rotation before any request
         options = WorkloadOptions(seed=args.seed, tenants=args.sessions,
                                   api_keys=tuple(f"sk-pw-{k}" for k in range(args.sessions)))  # fmt: skip

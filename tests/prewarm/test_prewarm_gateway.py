@@ -5,7 +5,8 @@ the official SDKs); without pre-warm they are not. A session whose key moved fin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anthropic
@@ -66,31 +67,43 @@ def sim() -> Any:
     return create_sim_app(SimOptions(model="served-model", time_scale=50, max_model_len=8192))
 
 
-@pytest.mark.parametrize("surface", sorted(SURFACES))
-@pytest.mark.parametrize("prewarm", [True, False])
-def test_a_discovered_replica_gets_its_share_of_the_prefixes_cached_before_its_first_request(
-    prewarm: bool, surface: str
-) -> None:
-    cached_tokens = SURFACES[surface]
+@contextmanager
+def joining_gateway(prewarm: dict[str, Any]) -> Iterator[tuple[str, Any, Callable[[], None]]]:
+    """A gateway discovering one sim (prewarm settings updated by `prewarm`); yields its URL, its Gateway, and
+    `join`, which makes discovery list a second sim and returns once both replicas are in rotation."""
     port = _port_free_on_both()
     records = Records("127.0.0.1")
     cfg = discovering_config(f"replicas.test:{port}")
     cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={
-        "prewarm": cfg.routing.prewarm.model_copy(update={"enabled": prewarm})})})  # fmt: skip
+        "prewarm": cfg.routing.prewarm.model_copy(update=prewarm)})})  # fmt: skip
     app = create_app(cfg)
     gw = app.api.state.gateway
     gw.discoverer.pools["main"].source.resolver = records
+
+    def join() -> None:
+        records.addresses = ["127.0.0.1", "127.0.0.2"]
+        _wait(lambda: len(gw.cluster.pools["main"].replicas) == 2)
+        _wait(lambda: all(r.available() for r in gw.cluster.pools["main"].replicas))
+
     with (
         serve(sim(), "127.0.0.1", port),
         serve(sim(), "127.0.0.2", port),
         serve(app, "127.0.0.1", free_port()) as base,
     ):
         _wait(lambda: httpx.get(f"{base}/ready").status_code == 200)
+        yield base, gw, join
+
+
+@pytest.mark.parametrize("surface", sorted(SURFACES))
+@pytest.mark.parametrize("prewarm", [True, False])
+def test_a_discovered_replica_gets_its_share_of_the_prefixes_cached_before_its_first_request(
+    prewarm: bool, surface: str
+) -> None:
+    cached_tokens = SURFACES[surface]
+    with joining_gateway({"enabled": prewarm}) as (base, gw, join):
         for i in range(PREFIXES):
             cached_tokens(base, i, "first question")
-        records.addresses = ["127.0.0.1", "127.0.0.2"]
-        _wait(lambda: len(gw.cluster.pools["main"].replicas) == 2)
-        _wait(lambda: all(r.available() for r in gw.cluster.pools["main"].replicas))
+        join()
         # Each prefix's next request, new question: the ones whose home moved to the new replica land there.
         cached = [cached_tokens(base, i, "a new question") for i in range(PREFIXES)]
     if prewarm:
@@ -166,27 +179,11 @@ SESSIONS: dict[str, Callable[[str, int, int], tuple[int, int]]] = {
 @pytest.mark.parametrize("history", [True, False])
 def test_a_moved_sessions_next_turn_finds_its_history_on_the_new_replica(history: bool, surface: str) -> None:
     turn = SESSIONS[surface]
-    port = _port_free_on_both()
-    records = Records("127.0.0.1")
-    cfg = discovering_config(f"replicas.test:{port}")
-    budget = cfg.routing.prewarm.history_budget_chars if history else 0
-    cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={
-        "prewarm": cfg.routing.prewarm.model_copy(update={"history_budget_chars": budget})})})  # fmt: skip
-    app = create_app(cfg)
-    gw = app.api.state.gateway
-    gw.discoverer.pools["main"].source.resolver = records
-    with (
-        serve(sim(), "127.0.0.1", port),
-        serve(sim(), "127.0.0.2", port),
-        serve(app, "127.0.0.1", free_port()) as base,
-    ):
-        _wait(lambda: httpx.get(f"{base}/ready").status_code == 200)
+    with joining_gateway({} if history else {"history_budget_chars": 0}) as (base, gw, join):
         for i in range(PREFIXES):
             for t in range(3):
                 turn(base, i, t)
-        records.addresses = ["127.0.0.1", "127.0.0.2"]
-        _wait(lambda: len(gw.cluster.pools["main"].replicas) == 2)
-        _wait(lambda: all(r.available() for r in gw.cluster.pools["main"].replicas))
+        join()
         ratios = [cached / prompt for prompt, cached in (turn(base, i, 3) for i in range(PREFIXES))]
     run = gw.prewarmer.runs[-1]
     assert run.result == "done" and 0 < run.ok < PREFIXES
