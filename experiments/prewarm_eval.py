@@ -147,19 +147,16 @@ class Load:
     async def _turn(self, client: httpx.AsyncClient, session: Session) -> None:
         req = session.next_request("m", stream=False)
         req.body["max_tokens"] = self.max_tokens
-        body = to_body(self.api, req.body)  # kvgate bench's own re-shaping, the same prompt on each API
         rid = uuid.uuid4().hex
         sent = Sent(rid, req.tenant, req.turn, after_join=self.joined)
         t0 = time.monotonic()
-        r = await client.post(api_path(self.api), json=body,
-                              headers={**req.headers, "authorization": f"Bearer {req.api_key}", "x-request-id": rid})
+        reply = await post_turn(client, self.api, req, rid)
         sent.seconds = time.monotonic() - t0
-        if r.status_code != 200:
+        if reply is None:
             self.errors += 1
             session.record_reply("")
             return
-        rec = RequestRecord(0, req.session, req.turn, req.tenant, req.route_class)
-        text = whole_text(self.api, r.json(), rec)
+        rec, text = reply
         sent.prompt, sent.cached = rec.prompt_tokens, rec.cached_tokens
         self.sent[rid] = sent
         if len(self.sent) >= self.warm:
@@ -189,6 +186,17 @@ def _seen(url: str) -> list[str]:
         return httpx.get(url + "/_seen", timeout=5).text.split()
     except httpx.TransportError:
         return []
+
+
+async def post_turn(client: httpx.AsyncClient, api: str, req: Any, rid: str) -> tuple[RequestRecord, str] | None:
+    """One bench request (`kvgate bench`'s own re-shaping: the same prompt on each API) with its request id: the
+    usage the reply reports and its text, or None if it was not a 200."""
+    r = await client.post(api_path(api), json=to_body(api, req.body),
+                          headers={**req.headers, "authorization": f"Bearer {req.api_key}", "x-request-id": rid})
+    if r.status_code != 200:
+        return None
+    rec = RequestRecord(0, req.session, req.turn, req.tenant, req.route_class)
+    return rec, whole_text(api, r.json(), rec)
 
 
 def _ratio(rows: list[Sent]) -> float:

@@ -29,10 +29,8 @@ from typing import Any
 
 import httpx
 
-from app.bench.apis import to_body, whole_text
-from app.bench.spec import RequestRecord
 from app.bench.workloads import Session, Workload, WorkloadOptions
-from experiments.prewarm_eval import SIM, _seen, _spawn, _stop, api_path, gateway_config, start_a_and_b
+from experiments.prewarm_eval import SIM, _seen, _spawn, _stop, api_path, gateway_config, post_turn, start_a_and_b
 from experiments.procs import metric_sum, scrape, wait_http
 
 ARMS = {"cold": {"enabled": False}, "prefix": {"history_budget_chars": 0}, "history": {}}
@@ -106,15 +104,13 @@ class Driver:
             rid = uuid.uuid4().hex
             t = Turn(s.index, s.turn)
             t0 = time.monotonic()
-            r = await self.client.post(api_path(self.api), json=to_body(self.api, req.body), headers={
-                **req.headers, "authorization": f"Bearer {req.api_key}", "x-request-id": rid})  # fmt: skip
+            reply = await post_turn(self.client, self.api, req, rid)
             t.seconds = time.monotonic() - t0
-            if r.status_code != 200:
+            if reply is None:
                 self.errors += 1
                 s.record_reply("")
                 return
-            rec = RequestRecord(0, req.session, req.turn, req.tenant, req.route_class)
-            text = whole_text(self.api, r.json(), rec)
+            rec, text = reply
             t.prompt, t.cached = rec.prompt_tokens, rec.cached_tokens
             self.sent[rid] = t
             s.record_reply(text)
