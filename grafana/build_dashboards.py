@@ -831,7 +831,7 @@ COST = Dashboard(
                     width=8,
                     stack=True,
                     description="Prefix replays sent to joining replicas: ok, skipped (a 4xx for that prefix), "
-                    "failed (ends the pre-warm).",
+                    "failed (ends the pre-warm), capped (not sent: the run reached routing.prewarm.run_max_chars).",
                 ),
                 Panel(
                     "Pre-warm tokens cached vs uncached",

@@ -30,6 +30,10 @@ class PrewarmConfig(BaseModel):
     # together stay within history_budget_chars, the least recently updated forgotten first. 0 in either: off.
     history_max_chars: int = Field(400_000, ge=0)
     history_budget_chars: int = Field(16_000_000, ge=0)
+    # Characters replayed to one joining replica at most (≈500k tokens, about what one 80 GB GPU's KV cache holds
+    # for an 8B model): replays past it would evict the ones before them. A history that would pass it is replayed
+    # as its bare prefix, a prefix that would is not sent (outcome `capped`).
+    run_max_chars: int = Field(2_000_000, ge=1)
 
     @model_validator(mode="after")
     def _history_fits_its_budget(self) -> PrewarmConfig:

@@ -53,7 +53,7 @@ def home_of(key: int, replicas: list[ReplicaState]) -> ReplicaState:
 
 
 RUN_RESULTS = ("done", "budget", "failed", "aborted", "skipped")
-REPLAY_OUTCOMES = ("ok", "skipped", "failed")
+REPLAY_OUTCOMES = ("ok", "skipped", "failed", "capped")
 
 
 @dataclass(slots=True)
@@ -67,6 +67,8 @@ class Run:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     histories: int = 0  # replays that were a session's history, not a bare prefix
+    chars: int = 0  # sent so far, against run_max_chars
+    capped: int = 0  # prefixes not sent: they would have passed run_max_chars
     result: str = "done"  # done | budget | failed | aborted | skipped
 
 
@@ -214,6 +216,15 @@ class Prewarmer:
 
     async def _replay(self, url: str, prefix: Prefix, served: str, run: Run) -> str:
         request = prefix.replay()
+        # Within run_max_chars (what the replica's KV cache holds): a history that would pass it goes as its
+        # prefix, a prefix that would is not sent. Checked and counted before the send: the workers share `run`.
+        cap = self.cfg.run_max_chars
+        if request is not prefix.request and run.chars + request.chars > cap:
+            request = prefix.request
+        if run.chars + request.chars > cap:
+            run.capped += 1
+            return "capped"
+        run.chars += request.chars
         outcome = await self._send(url, prefix, request, served, run)
         if outcome == "skipped" and request is not prefix.request:
             # A history the engine refuses (longer than its context, say): the prefix is still worth its blocks.
@@ -260,15 +271,16 @@ class Prewarmer:
         # A pre-warm that failed or ran out of budget let a replica in cold: worth an operator's attention.
         level = logging.WARNING if run.result in ("failed", "budget") else logging.INFO
         log.log(level, "prewarm pool=%s replica=%s result=%s planned=%d ok=%d histories=%d skipped=%d failed=%d "
-                 "prompt_tokens=%d cached_tokens=%d seconds=%.2f", replica.pool, replica.url, run.result, run.planned,
-                 run.ok, run.histories, run.skipped, run.failed, run.prompt_tokens, run.cached_tokens,
-                 seconds)  # fmt: skip
+                 "capped=%d prompt_tokens=%d cached_tokens=%d seconds=%.2f", replica.pool, replica.url, run.result,
+                 run.planned, run.ok, run.histories, run.skipped, run.failed, run.capped, run.prompt_tokens,
+                 run.cached_tokens, seconds)  # fmt: skip
         if span is not None:
             span.set_attributes({
                 "kvgate.pool": replica.pool, "server.address": replica.url, "kvgate.prewarm.result": run.result,
                 "kvgate.prewarm.planned": run.planned, "kvgate.prewarm.ok": run.ok,
                 "kvgate.prewarm.histories": run.histories,
                 "kvgate.prewarm.skipped": run.skipped, "kvgate.prewarm.failed": run.failed,
+                "kvgate.prewarm.capped": run.capped,
                 "kvgate.prewarm.prompt_tokens": run.prompt_tokens, "kvgate.prewarm.cached_tokens": run.cached_tokens,
             })  # fmt: skip
             span.end()

@@ -367,6 +367,24 @@ async def test_a_history_the_engine_refuses_falls_back_to_the_bare_prefix() -> N
     assert sum(len(b["messages"]) == 2 for b in engine.bodies) == run.ok, "then its prefix"
 
 
+async def test_a_run_stays_within_run_max_chars_histories_giving_way_to_their_prefixes_first() -> None:
+    keys = range(10, 40)  # two digits each: every prefix and every history has the same size
+    big = 10**9
+    h = CHAT.warm_history(session(10, 3), big).chars  # type: ignore[union-attr]
+    p = CHAT.warm_request(body(10), big).chars  # type: ignore[union-attr]
+    assert h > 2 * p
+    engine = Engine()
+    async with moving(engine, keys, run_max_chars=h + 2 * p, concurrency=1) as r:
+        await until(lambda: not r.replica.warming)
+        peers = r.cluster.pools["main"].replicas
+    moved = [k for k in keys if home_of(k, peers) is r.replica]
+    assert len(moved) >= 4
+    run = r.w.runs[-1]
+    # One history, then prefixes (a second history would pass the cap) until a prefix would pass it too.
+    assert (run.histories, run.ok, run.capped) == (1, 3, len(moved) - 3)
+    assert [len(b["messages"]) for b in engine.bodies] == [8, 2, 2]
+
+
 async def test_no_history_text_reaches_the_logs_or_the_span(caplog: pytest.LogCaptureFixture) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
