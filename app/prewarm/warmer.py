@@ -54,6 +54,7 @@ def home_of(key: int, replicas: list[ReplicaState]) -> ReplicaState:
 
 RUN_RESULTS = ("done", "budget", "failed", "aborted", "skipped")
 REPLAY_OUTCOMES = ("ok", "skipped", "failed", "capped")
+TOKEN_TYPES = ("uncached", "cached")
 
 
 @dataclass(slots=True)
@@ -109,7 +110,7 @@ class Prewarmer:
                     self._runs.add(0, {"pool": pool, "result": result})
                 for outcome in REPLAY_OUTCOMES:
                     self._requests.add(0, {"pool": pool, "outcome": outcome})
-                for kind in ("uncached", "cached"):
+                for kind in TOKEN_TYPES:
                     self._tokens.add(0, {"pool": pool, "type": kind})
 
     async def start(self) -> None:
@@ -265,8 +266,9 @@ class Prewarmer:
         if self._runs is not None and self._duration is not None and self._tokens is not None:
             self._runs.add(1, attrs)
             self._duration.record(seconds, attrs)
-            self._tokens.add(run.prompt_tokens - run.cached_tokens, {"pool": replica.pool, "type": "uncached"})
-            self._tokens.add(run.cached_tokens, {"pool": replica.pool, "type": "cached"})
+            uncached, cached = TOKEN_TYPES
+            self._tokens.add(run.prompt_tokens - run.cached_tokens, {"pool": replica.pool, "type": uncached})
+            self._tokens.add(run.cached_tokens, {"pool": replica.pool, "type": cached})
         self.runs = [*self.runs[-15:], run]
         # A pre-warm that failed or ran out of budget let a replica in cold: worth an operator's attention.
         level = logging.WARNING if run.result in ("failed", "budget") else logging.INFO
