@@ -33,7 +33,11 @@ def e2e_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
             "tenants": [{"id": "anonymous", "normalize": "on"}],
             "auth": {"required": False},
             "upstream": {"read_timeout_s": 300},
-            "routing": {"allow_spill": False},
+            # Two vLLM-CPU engines share this machine's two cores with the tests: an engine's API process can
+            # answer /health seconds late while its core steps a long prefill. A 3 s probe timed out twice in a
+            # row once (a bulk request then got 503, no healthy replica); no test here is about health detection.
+            "routing": {"allow_spill": False, "probe_timeout_min_s": 10, "probe_timeout_max_s": 10,
+                        "unhealthy_after": 3},
         },
         env={},
     )
