@@ -62,6 +62,7 @@ class NormalizeReport:
     tools_canonicalized: int = 0
     date_pinned: bool = False
     applied: bool = False
+    to_head: int = 0  # of the moved spans, how many went to the head of the first user turn (per session/day)
 
     @property
     def moved_total(self) -> int:
@@ -76,6 +77,8 @@ class NormalizeReport:
         parts = [self.mode, f"moved={self.moved_total}"]
         if rules:
             parts.append(f"rules={rules}")
+        if self.to_head:
+            parts.append(f"head={self.to_head}")
         if self.tools_canonicalized:
             parts.append(f"tools={self.tools_canonicalized}")
         if self.date_pinned:

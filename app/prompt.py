@@ -35,6 +35,8 @@ class PromptView:
     framing_tokens: int = 0  # per-turn framing the estimate adds (role markers)
     tool_chars: int = 0  # characters of the serialized tool specs
     restatable: bool = True  # a tail block can be placed (a user turn exists when placement needs one)
+    first_user: Path | None = None  # the first user turn's content (a string, or a list of parts)
+    part_type: str = "text"  # the type of a text part in this API's content lists
 
 
 def text_of(content: Any) -> str:
@@ -59,10 +61,21 @@ def text_slots(turn: int, content: Any, path: Path, text_types: Sequence[str] = 
     return []
 
 
-def with_text(body: dict[str, Any], path: Path, text: str) -> dict[str, Any]:
+def with_text(body: dict[str, Any], path: Path, text: str | list[Any]) -> dict[str, Any]:
     """A copy of `body` with the string at `path` replaced; everything off the path is shared, not copied."""
     out: dict[str, Any] = _replace(body, path, text)
     return out
+
+
+def get_path(body: Any, path: Path) -> Any:
+    """The value at `path` in `body` (None when the path leads nowhere)."""
+    node = body
+    for step in path:
+        try:
+            node = node[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
 
 
 def _replace(node: Any, path: Path, value: Any) -> Any:

@@ -8,6 +8,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import NamedTuple, TypeVar
 
+from app.normalize.varying import Variation
+
 _V = TypeVar("_V")
 _POSITIONAL_CAPACITY = 64
 _SHAPE_CAPACITY = 64
@@ -74,7 +76,7 @@ class TenantMemory:
 
     __slots__ = (
         "_capacity", "_fingerprints", "_forget", "_positional", "_publish", "_shapes", "_shared", "_spans", "_static",
-        "_static_rules", "fingerprint_key",
+        "_static_rules", "fingerprint_key", "variation",
     )  # fmt: skip
 
     def __init__(self, capacity: int, fingerprint_key: bytes = b"") -> None:
@@ -99,6 +101,8 @@ class TenantMemory:
         self._positional: OrderedDict[int, bool] = OrderedDict()
         # hash of a message slot -> (rules the scan ran under, the shape it found)
         self._shapes: OrderedDict[int, tuple[frozenset[str], Shape]] = OrderedDict()
+        # how each span varies (between sessions, within one) and each session's head layout (app/normalize/varying)
+        self.variation = Variation(capacity)
 
     def observe(self, key: int, value: int, presume_volatile: bool) -> bool:
         """Record one sighting and say whether the span at `key` counts as volatile.

@@ -1,8 +1,11 @@
-"""Where moved lines are restated: a trailing system message, or a delimited block in the last user turn."""
+"""Where moved spans go: per-request lines to a tail block (a trailing system message, or a delimited block in the
+last user turn); per-session sections to the head of the first user turn."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
+
+from app.prompt import Path, get_path, with_text
 
 BLOCK_OPEN = "<request_metadata>"
 BLOCK_CLOSE = "</request_metadata>"
@@ -60,3 +63,13 @@ def place_in_prompt(prompt: str, lines: list[str]) -> str:
     if cut == 0:
         return prompt + ("" if prompt.endswith("\n") or not prompt else "\n") + block
     return prompt[:cut] + block + "\n" + prompt[cut:]
+
+
+def at_head(body: dict[str, Any], content_path: Path, text: str, part_type: str) -> dict[str, Any]:
+    """A copy of `body` whose content at `content_path` (the first user turn) starts with `text`: a first part of
+    its own in a content list, or a leading paragraph of a string. The rest of the body is shared, not copied."""
+    content = get_path(body, content_path)
+    if isinstance(content, str):
+        return with_text(body, content_path, text + "\n\n" + content if content else text)
+    parts = content if isinstance(content, list) else []
+    return with_text(body, content_path, [{"type": part_type, "text": text}, *parts])

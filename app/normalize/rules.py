@@ -16,11 +16,14 @@ RULES: tuple[str, ...] = (
     "prefixed_id",
     "epoch",
     "learned",
+    "section",
 )
 # `learned` is not a detector: it names lines found by their `key=value` / `key: value` structure alone,
 # which move only once the volatility memory has seen their values change (see `lines.parse_learned`).
+# `section` names whole sections (tagged blocks, markdown sections, labelled blocks: app/normalize/sections.py)
+# that vary per session or per request.
 LEARNED = "learned"
-TYPED_RULES = frozenset(RULES) - {LEARNED}
+TYPED_RULES = frozenset(RULES) - {LEARNED, "section"}
 ID_RULES = frozenset({"uuid", "hex_id", "prefixed_id"})
 
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)"

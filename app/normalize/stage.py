@@ -1,17 +1,33 @@
-"""The normalize stage: move learned-volatile metadata lines to the tail, canonicalize tools, pin the date."""
+"""The normalize stage: per-request spans to the tail, per-session sections and lines to the head of the first
+user turn, canonical tools, a pinned date."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from app.config import ModelConfig
 from app.context import NormalizeReport, Tenant
+from app.normalize.layout import (
+    SECTION,
+    Found,
+    Place,
+    TextSections,
+    dir_needles,
+    line_place,
+    section_place,
+    sections_of,
+)
 from app.normalize.memory import TenantMemory, VolatilityMemory
+from app.normalize.placement import at_head
 from app.normalize.regions import refers_by_position
 from app.normalize.rules import RULES
 from app.normalize.scan import Candidate, Scan, remove_spans, scan_text
+from app.normalize.sections import cut
+from app.normalize.session import session_key
 from app.normalize.tools import ToolOrder, canonicalize_tools
+from app.normalize.varying import SECTION_WITHIN_AFTER, Variation
 from app.prompt import PromptView, TextSlot, with_text
 
 if TYPE_CHECKING:
@@ -21,25 +37,37 @@ _ALL_RULES = frozenset(RULES)
 
 
 class _Text:
-    """One scanned text of the prompt head, and the lines that will move out of it."""
+    """One scanned text of the prompt head, and the spans that will move out of it (lines and sections)."""
 
-    __slots__ = ("moving", "scan", "slot")
+    __slots__ = ("first_user", "moving", "places", "scan", "sections", "slot", "values")
 
-    def __init__(self, slot: TextSlot) -> None:
+    def __init__(self, slot: TextSlot, first_user: bool) -> None:
         self.slot = slot
+        self.first_user = first_user  # part of the first user turn (not a leading system/developer text)
         self.moving: list[Candidate] = []
+        self.places: list[Place] = []  # where each moving line goes, in the order of `moving`
+        self.sections: list[tuple[Found, Place]] = []
         self.scan: Scan | None = None
+        self.values: dict[int, int] = {}  # candidate key -> value hash (of all its lines when several share it)
 
     @property
     def text(self) -> str:
         """The slot's text as the client sent it."""
         return self.slot.text
 
-    def removed(self) -> tuple[str, list[str]]:
-        """The text without its moving lines, and those lines verbatim (reusing the scan's when all move)."""
-        if self.scan is not None and len(self.moving) == len(self.scan.candidates):
-            return self.scan.rest, self.scan.lines
-        return remove_spans(self.text, [(c.start, c.end) for c in self.moving])
+    def removed(self) -> tuple[str, list[tuple[str, Place]]]:
+        """The text without its moving spans, and those spans verbatim with where each goes, in text order."""
+        if not self.sections:
+            if self.scan is not None and len(self.moving) == len(self.scan.candidates):
+                rest, lines = self.scan.rest, self.scan.lines
+            else:
+                rest, lines = remove_spans(self.text, [(c.start, c.end) for c in self.moving])
+            return rest, list(zip(lines, self.places, strict=True))
+        spans = [(c.start, c.end, p) for c, p in zip(self.moving, self.places, strict=True)]
+        spans.extend((f.start, f.end, p) for f, p in self.sections)
+        spans.sort()
+        rest, taken = cut(self.text, [(a, b) for a, b, _ in spans])
+        return rest, [(piece, p) for piece, (_, _, p) in zip(taken, spans, strict=True)]
 
 
 def normalize(
@@ -52,6 +80,7 @@ def normalize(
     memory: VolatilityMemory,
     opt_out: bool,
     now: datetime,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], NormalizeReport]:
     """Rewrite a request for a stable prefix (mode "on"), or only report what would change ("observe").
 
@@ -59,7 +88,7 @@ def normalize(
     switching a tenant on starts warm). "off", the per-request opt-out and surfaces that are never
     normalized (embeddings) return `body` itself untouched and teach nothing. Observe never modifies
     `body`; "on" returns a new dict that shares every sub-object it did not change. `view` is the
-    surface's view of `body` (built here when not given).
+    surface's view of `body` (built here when not given); `headers` name the session (app/normalize/session).
     """
     mode = tenant.normalize
     if mode == "off" or opt_out or not surface.normalizable:
@@ -67,22 +96,33 @@ def normalize(
     allowed = _ALL_RULES if tenant.normalize_rules is None else _ALL_RULES & tenant.normalize_rules
     if view is None:
         view = surface.view(body)
-    texts = [_Text(slot) for slot in view.head]
+    first = view.first_user
+    texts = [_Text(slot, first is not None and slot.path[: len(first)] == first) for slot in view.head]
     moved: dict[str, int] = {}
+    to_head = 0
     if allowed and texts:
         tenant_memory = memory.for_tenant(tenant.id)
-        _learn(texts, allowed, tenant_memory, now)
-        moving = [c for t in texts for c in t.moving]
-        blocked = bool(moving) and (
-            not (model.tail_placement == "system" or view.restatable) or _refers_by_position(texts, view.tail_refs)
+        session = session_key(headers, body, view)
+        _learn(texts, allowed - {SECTION}, tenant_memory, now)
+        _place(texts, allowed, tenant_memory.variation, session, head_ok=first is not None)
+        any_moving = any(t.moving or t.sections for t in texts)
+        to_tail = any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
+        blocked = any_moving and (
+            (to_tail and not (model.tail_placement == "system" or view.restatable))
+            or _refers_by_position(texts, view.tail_refs)
         )
         if blocked:
             for t in texts:
-                t.moving = []
+                t.moving, t.places, t.sections = [], [], []
         else:
-            for c in moving:
-                for rule in c.rules:
-                    moved[rule] = moved.get(rule, 0) + 1
+            for t in texts:
+                for c, p in zip(t.moving, t.places, strict=True):
+                    to_head += p == "head"
+                    for rule in c.rules:
+                        moved[rule] = moved.get(rule, 0) + 1
+                for _, p in t.sections:
+                    to_head += p == "head"
+                    moved[SECTION] = moved.get(SECTION, 0) + 1
 
     tools = body.get("tools") if surface.has_tools else None
     new_tools, tools_changed = (tools, 0)
@@ -93,12 +133,13 @@ def normalize(
 
     if mode == "observe":
         return body, NormalizeReport(
-            mode="observe", moved=moved, tools_canonicalized=tools_changed, date_pinned=date_string is not None
-        )
+            mode="observe", moved=moved, tools_canonicalized=tools_changed, date_pinned=date_string is not None,
+            to_head=to_head,
+        )  # fmt: skip
     if not moved and not tools_changed and date_string is None:
         return body, NormalizeReport(mode="on")
 
-    out = _apply_moves(body, texts, surface, model) if moved else dict(body)
+    out = _apply_moves(body, texts, surface, model, view) if moved else dict(body)
     if tools_changed:
         out["tools"] = new_tools
     if date_string is not None:
@@ -110,6 +151,7 @@ def normalize(
         tools_canonicalized=tools_changed,
         date_pinned=date_string is not None,
         applied=True,
+        to_head=to_head,
     )
 
 
@@ -120,6 +162,8 @@ def _learn(texts: list[_Text], allowed: frozenset[str], memory: TenantMemory, no
     once with the hash of all their values, moved together or not at all. Observing them one by one
     would let a request contradict itself and make the outcome depend on line order.
     """
+    if not allowed:
+        return
     for t in texts:
         t.scan = scan_text(t.text, (t.slot.turn, t.slot.part), allowed, now, memory)
         groups: dict[int, list[Candidate]] = {}
@@ -127,11 +171,84 @@ def _learn(texts: list[_Text], allowed: frozenset[str], memory: TenantMemory, no
             groups.setdefault(c.key, []).append(c)
         for key, group in groups.items():
             value = group[0].value if len(group) == 1 else hash(tuple(c.value for c in group))
+            t.values[key] = value
             presume = memory.peek(key) is None and any(c.presume_volatile() for c in group)
             if memory.observe(key, value, presume):
                 t.moving.extend(group)
         if len(groups) < len(t.scan.candidates):
             t.moving.sort(key=lambda c: c.start)
+
+
+def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, session: int, *, head_ok: bool) -> None:
+    """Decide where each volatile line and section goes (`layout`), under the session's plan.
+
+    Sections are found in every text when the tenant allows `section`; a line inside a moving section moves
+    with it. What would go to the head stays where it is when it is already in the first user turn, when the
+    request has no user turn, or when the session first showed it while it was not yet known to vary (the plan:
+    a span moves to the head on every turn of a session or on none).
+    """
+    heads, decided = variation.plan(session)
+    found_sections = SECTION in allowed
+    per_text: list[TextSections | None] = []
+    for t in texts:
+        per_text.append(sections_of(t.text, (t.slot.turn, t.slot.part), variation) if found_sections else None)
+    dirs = dir_needles([(t.text, f) for t, f in zip(texts, per_text, strict=True) if f is not None])
+
+    def at_head_ok(key: int, place: Place | None) -> bool:
+        """Whether a span of a leading text goes to the head; records the session's first decision on it."""
+        if key not in decided:
+            decided.add(key)
+            if place == "head" and head_ok:
+                heads.add(key)
+        return key in heads
+
+    for t, found in zip(texts, per_text, strict=True):
+        spans: list[tuple[int, int]] = []
+        if found is not None:
+            candidates = t.scan.candidates if t.scan is not None else []
+            for f in found.sections:
+                value = _value_without_lines(t.text, f, candidates)
+                place = section_place(f, t.text, dirs, variation.observe(f.key, value, session, SECTION_WITHIN_AFTER))
+                if place == "head" and (t.first_user or not at_head_ok(f.key, place)):
+                    continue
+                if place is None:
+                    if not t.first_user:
+                        at_head_ok(f.key, None)
+                    continue
+                t.sections.append((f, place))
+                spans.append((f.start, f.end))
+        moving = {id(c) for c in t.moving}
+        flags = {key: variation.observe(key, value, session) for key, value in t.values.items()}
+        keep: list[Candidate] = []
+        for c in t.scan.candidates if t.scan is not None else ():
+            if any(a <= c.start < b for a, b in spans):
+                continue  # its section carries it
+            if id(c) not in moving:
+                if not t.first_user:
+                    at_head_ok(c.key, None)
+                continue
+            place = line_place(c, flags[c.key])
+            if place == "head" and not head_ok and not t.first_user:
+                place = "tail"  # no user turn to head (a completions prompt): the end is the next best place
+            elif place == "head" and (t.first_user or not at_head_ok(c.key, place)):
+                continue
+            keep.append(c)
+            t.places.append(place)
+        t.moving = keep
+
+
+def _value_without_lines(text: str, f: Found, candidates: list[Candidate]) -> int:
+    """A section's value hash, its metadata lines left out: a line that changes moves on its own, and must not
+    make the whole section look per-request."""
+    inner = [c for c in candidates if f.start <= c.start < f.end]
+    if not inner:
+        return f.value
+    pieces, cursor = [], f.start
+    for c in inner:
+        pieces.append(text[cursor : c.start])
+        cursor = c.end
+    pieces.append(text[cursor : f.end])
+    return hash(tuple(pieces))
 
 
 def _refers_by_position(texts: list[_Text], tail_refs: tuple[str, ...]) -> bool:
@@ -142,16 +259,22 @@ def _refers_by_position(texts: list[_Text], tail_refs: tuple[str, ...]) -> bool:
     return any(refers_by_position(r) for r in tail_refs)
 
 
-def _apply_moves(body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig) -> dict[str, Any]:
+def _apply_moves(
+    body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig, view: PromptView
+) -> dict[str, Any]:
     out = body
-    restated: list[str] = []
+    tail: list[str] = []
+    head: list[str] = []
     for t in texts:
-        if not t.moving:
+        if not t.moving and not t.sections:
             continue
-        new_text, lines = t.removed()
-        restated.extend(lines)
+        new_text, pieces = t.removed()
+        for piece, place in pieces:
+            (head if place == "head" else tail).append(piece)
         out = with_text(out, t.slot.path, new_text)
-    return surface.place_tail(out, restated, model.tail_placement)
+    if head and view.first_user is not None:
+        out = at_head(out, view.first_user, "\n\n".join(head), view.part_type)
+    return surface.place_tail(out, tail, model.tail_placement) if tail else out
 
 
 def _tool_order(model: ModelConfig) -> ToolOrder:

@@ -49,18 +49,22 @@ def test_observe_reports_but_leaves_the_body_untouched() -> None:
     assert report.header().startswith("observe;moved=3;")
 
 
-def test_on_moves_header_lines_to_a_trailing_system_message() -> None:
+def test_on_moves_per_request_lines_to_a_trailing_system_message_and_a_session_id_to_the_first_user_turn() -> None:
     memory = VolatilityMemory()
     body = chat_body(header(0) + STATIC_SYSTEM)
+    body["messages"].append({"role": "assistant", "content": "Which one?"})
+    body["messages"].append({"role": "user", "content": "1234"})
     snapshot = copy.deepcopy(body)
     out, report = run(body, memory=memory)
     assert body == snapshot  # input not mutated
-    assert report.applied and report.moved_total == 3
+    assert report.applied and report.moved_total == 3 and report.to_head == 1
     assert out["messages"][0]["content"] == STATIC_SYSTEM
+    current, request, session = header(0).rstrip("\n").split("\n")
+    assert out["messages"][1]["content"] == session + "\n\nWhere is my order?"  # per session: it never moves again
     tail = out["messages"][-1]
     assert tail["role"] == "system"
-    assert tail["content"] == BLOCK_OPEN + "\n" + header(0).rstrip("\n") + "\n" + BLOCK_CLOSE
-    assert out["messages"][1] is body["messages"][1]  # untouched messages are shared, not copied
+    assert tail["content"] == BLOCK_OPEN + "\n" + current + "\n" + request + "\n" + BLOCK_CLOSE
+    assert out["messages"][2] is body["messages"][2]  # untouched messages are shared, not copied
 
 
 def test_user_placement_appends_a_block_to_the_last_user_message() -> None:
@@ -75,7 +79,7 @@ def test_user_placement_appends_a_block_to_the_last_user_message() -> None:
     }
     out, _ = run(body, memory=VolatilityMemory(), placement="user")
     assert len(out["messages"]) == 4
-    assert out["messages"][1]["content"] == "hi"
+    assert out["messages"][1]["content"] == header(0).rstrip("\n").split("\n")[2] + "\n\nhi"
     last = out["messages"][3]["content"]
     assert last[0] == {"type": "text", "text": "and now?"}
     assert last[1]["text"].startswith(BLOCK_OPEN + "\nCurrent time: ")
@@ -135,7 +139,7 @@ def test_assistant_and_tool_messages_are_never_scanned() -> None:
     assert out["messages"] == messages and report.moved_total == 0
 
 
-def test_first_user_message_header_moves_and_later_user_messages_do_not() -> None:
+def test_first_user_message_per_request_lines_move_and_later_user_messages_do_not() -> None:
     body = {
         "model": "m",
         "messages": [
@@ -145,8 +149,8 @@ def test_first_user_message_header_moves_and_later_user_messages_do_not() -> Non
         ],
     }
     out, report = run(body, memory=VolatilityMemory())
-    assert report.moved_total == 3
-    assert out["messages"][0]["content"] == "Where is my order?"
+    assert report.moved_total == 2  # the session line is where a per-session line belongs already
+    assert out["messages"][0]["content"] == header(0).split("\n")[2] + "\n\nWhere is my order?"
     assert out["messages"][2] is body["messages"][2]
 
 

@@ -95,6 +95,7 @@ class ChatSurface(OpenAISurface):
         return PromptView(
             head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars,
             framing_tokens=framing, tool_chars=tool_chars, restatable=last_user is not None,
+            first_user=None if first_user is None else ("messages", first_user, "content"),
         )  # fmt: skip
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:

@@ -212,6 +212,7 @@ class MessagesSurface:
         return PromptView(
             head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars, framing_tokens=framing,
             tool_chars=tool_chars, restatable=last_user is not None,
+            first_user=None if first_user is None else ("messages", first_user, "content"),
         )  # fmt: skip
 
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:

@@ -143,7 +143,8 @@ class ResponsesSurface(OpenAISurface):
                 key.add_serialized(tools_json)
             key.add(items)
             return PromptView(head=tuple(head), key_head=key.text(), text_chars=chars + len(items),
-                              framing_tokens=TOKENS_PER_ITEM, tool_chars=tool_chars)  # fmt: skip
+                              framing_tokens=TOKENS_PER_ITEM, tool_chars=tool_chars, first_user=("input",),
+                              part_type="input_text")  # fmt: skip
         if not isinstance(items, list):
             items = []
         first_user: int | None = None
@@ -182,6 +183,7 @@ class ResponsesSurface(OpenAISurface):
         return PromptView(
             head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars, framing_tokens=framing,
             tool_chars=tool_chars, restatable=last_user is not None,
+            first_user=None if first_user is None else ("input", first_user, "content"), part_type="input_text",
         )  # fmt: skip
 
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:

@@ -1,0 +1,95 @@
+"""Where each volatile span goes: the very end of the input (per request) or the head of the first user turn
+(per session, per day), or nowhere (never seen to vary, or the session already runs with it in place).
+
+The moves are planned per session (`Variation.plan`): the first request of a session fixes which spans sit at
+the head of its first user turn, and every later turn repeats that layout, so a session's prompt stays
+append-only whatever the tenant learns meanwhile. A span seen to change *within* a session is per request and
+goes to the tail on every turn (it breaks the prefix wherever it is; at the end it breaks nothing after it).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, NamedTuple
+
+from app.normalize.rules import ID_RULES
+from app.normalize.scan import Candidate
+from app.normalize.sections import declared_dirs, dir_forms, find_sections, holds_any
+from app.normalize.varying import ACROSS, WITHIN, Variation
+
+Place = Literal["tail", "head"]
+SECTION = "section"  # the rule name of a moved section (tenants allow it in normalize_rules like the others)
+# Labels of values that are constant within a session (an id of the session, its user, its workspace): per
+# session when presumed. Any other presumed label ("Current time", "Request ID") names a per-request value.
+_SESSION_LABEL_RX = re.compile(
+    r"\b(?:session|sess|conversation|thread|user|usr|customer|client|account|acct|tenant|org|organi[sz]ation"
+    r"|device|workspace)\b",
+    re.IGNORECASE,
+)
+
+
+def line_place(c: Candidate, flags: int) -> Place:
+    """Where a volatile line goes. A value seen changing within a session is per request; a date alone is per
+    day (Codex's `<current_date>`, a "Today's date" line); a presumed one follows its label; one learned from
+    changes between sessions only is per session; learned without session evidence (shared, evicted): tail."""
+    if flags & WITHIN:
+        return "tail"
+    if c.rules and all(r == "date" for r in c.rules):
+        return "head"
+    if c.presume_volatile():
+        session_label = c.label is not None and _SESSION_LABEL_RX.search(c.label) is not None
+        return "head" if session_label and ID_RULES.intersection(c.rules) else "tail"
+    return "head" if flags & ACROSS else "tail"
+
+
+class Found(NamedTuple):
+    """One section of a text: its bounds, learning key, value hash, and whether its name says it is the
+    session's environment (hashes and offsets only: this is what the memory caches)."""
+
+    start: int
+    end: int
+    key: int
+    value: int
+    named: bool
+
+
+class TextSections(NamedTuple):
+    """The sections of one text and where it declares working directories (offsets; cached per text hash)."""
+
+    sections: tuple[Found, ...]
+    dirs: tuple[tuple[int, int], ...]
+
+
+def sections_of(text: str, slot: object, variation: Variation) -> TextSections:
+    """The sections of `text` (in slot `slot`), found once per distinct text (a session repeats its texts)."""
+    text_hash = hash((slot, text))
+    cached = variation.cached_sections(text_hash)
+    if isinstance(cached, TextSections):
+        return cached
+    found = tuple(
+        Found(s.start, s.end, hash((slot, s.kind, s.name, s.nth)), hash(text[s.start : s.end]), s.named_session())
+        for s in find_sections(text)
+    )
+    result = TextSections(found, declared_dirs(text) if found else ())
+    variation.add_sections(text_hash, result)
+    return result
+
+
+def dir_needles(texts: list[tuple[str, TextSections]]) -> list[str]:
+    """The working directories the texts declare, and their slugs (`sections.dir_forms`)."""
+    paths: list[str] = []
+    for text, found in texts:
+        for a, b in found.dirs:
+            if text[a:b] not in paths:
+                paths.append(text[a:b])
+    return dir_forms(paths)
+
+
+def section_place(f: Found, text: str, dirs: list[str], flags: int) -> Place | None:
+    """Where a section goes: per request to the tail; per session (named so, holding the session's working
+    directory, or seen to change between sessions) to the head; otherwise it stays (None)."""
+    if flags & WITHIN:
+        return "tail"
+    if f.named or flags & ACROSS or (dirs and holds_any(text, f.start, f.end, dirs)):
+        return "head"
+    return None

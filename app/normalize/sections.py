@@ -1,0 +1,204 @@
+"""Whole sections of a prompt text that may vary per session: tagged blocks, markdown sections, labelled blocks.
+
+Coding agents put what differs between sessions deep in an otherwise fixed system prompt, as a *section*, not as
+one metadata line: Claude Code's `# auto memory` (its memory path holds the cwd slug), `# Environment` and the
+`gitStatus:` block at the end; opencode's `<env>…</env>`; Codex's `<environment_context>` (already in a user
+item). `find_sections` cuts one text into such units in one pass over its marker lines (a C-level regex search
+plus one `str.find` per tagged block: linear in the text, bounded by `MAX_SECTIONS`), and says which ones are
+presumed per-session by what they are (their tag, heading or label names the environment, or they hold the
+working directory the request itself declares); the rest are only learned (app/normalize/varying.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+MAX_SECTIONS = 256  # a bound for pathological texts: units past it are left alone
+MAX_TAG_BLOCK_CHARS = 64_000  # a tagged block longer than this is content (a pasted file), not environment
+
+# A marker line: a code fence, a markdown heading, a tag alone on its line, or a camelCase label (Claude Code's
+# `gitStatus:`).
+_MARKER_RX = re.compile(
+    r"^(?:(?P<fence>[ \t]*(?:```|~~~))[^\n]*"
+    r"|(?P<hashes>#{1,6})[ \t]+(?P<heading>[^\n]{1,120}?)[ \t]*"
+    r"|[ \t]*<(?P<tag>[A-Za-z][\w.\-]{0,40})(?:[ \t][^<>\n]{0,200})?>[ \t]*"
+    r"|(?P<label>[a-z][a-z0-9]*[A-Z][A-Za-z0-9]{0,30}):[ \t][^\n]*)$",
+    re.MULTILINE,
+)
+# Names that say "this is the environment of the session": tags, headings, labels.
+_SESSION_NAME_RX = re.compile(
+    r"(?:^|[\s_\-])(?:env|environment|environment[_\-\s]context|environment[_\-\s]details|workspace|cwd"
+    r"|working[_\-\s]directory|git[_\-\s]?status|auto[_\-\s]memory|memory|system[_\-\s]info(?:rmation)?)"
+    r"(?:$|[\s_\-:])",
+    re.IGNORECASE,
+)
+# Tags of quoted material (app/normalize/regions.py protects the same ones): content, never a unit to move.
+_QUOTED_TAG_RX = re.compile(
+    r"document|documents|doc|context|quote|example|examples|few_shot|sample|file|source|search_results?|retrieved"
+    r"|data|json|code|transcript|request_metadata",
+    re.IGNORECASE,
+)
+# Lines that declare the session's working directory (Claude Code, opencode, Codex); what follows is the path.
+_CWD_RX = re.compile(
+    r"(?:(?:primary[ \t]+)?working[ \t]+directory|workspace[ \t]+root(?:[ \t]+folder)?|cwd)\s*[:=][ \t]*`?"
+    r"(?P<path>/[^\s`<>\"']{2,300})"
+    r"|<cwd>(?P<tagged>/[^<>\n]{2,300})</cwd>",
+    re.IGNORECASE,
+)
+_NON_ALNUM_RX = re.compile(r"[^A-Za-z0-9]")
+
+
+class Section(NamedTuple):
+    """One unit of a text: `text[start:end]` (a tagged block with the intro line before it, or a markdown
+    section, or a labelled block), its kind ("tag", "heading", "label"), its name, and its occurrence (nth)
+    among units of that kind and name in the text (so a key survives a change of the unit's content)."""
+
+    start: int
+    end: int
+    kind: str
+    name: str
+    nth: int
+
+    def named_session(self) -> bool:
+        """Whether its tag, heading or label names the session's environment (presumed per-session)."""
+        return _SESSION_NAME_RX.search(self.name) is not None
+
+
+def find_sections(text: str) -> list[Section]:
+    """The text's units, in order and disjoint: tagged blocks, markdown sections (up to the next heading of the
+    same or a higher level), labelled blocks (up to the next heading or tag).
+
+    A tagged block inside a markdown section belongs to it, unless its tag names the environment (opencode's
+    `<env>` sits at the end of a section about something else): then it is a unit of its own and the section
+    goes on after it as a continuation (same name, next nth). Code fences are skipped whole. Text before the
+    first marker, and a tag that never closes, belong to no unit (they stay where they are).
+    """
+    out: list[Section] = []
+    seen: dict[tuple[str, str], int] = {}
+    open_kind = ""  # the unit still open at the cursor: a heading or a label runs until a marker ends it
+    open_start = open_level = 0
+    open_name = ""
+    pos = 0
+    n = len(text)
+    while len(out) < MAX_SECTIONS and pos < n:
+        m = _MARKER_RX.search(text, pos)
+        if m is None:
+            break
+        fence = m.group("fence")
+        if fence is not None:
+            close = text.find("\n" + fence.strip()[:3], m.end())
+            pos = n if close < 0 else text.find("\n", close + 1) + 1 or n
+            continue
+        tag = m.group("tag")
+        if tag is not None:
+            close = text.find("</" + tag + ">", m.end())
+            if close < 0 or close - m.start() > MAX_TAG_BLOCK_CHARS:
+                pos = m.end() + 1
+                continue
+            end = close + len(tag) + 3
+            if _QUOTED_TAG_RX.fullmatch(tag) or (open_kind == "heading" and _SESSION_NAME_RX.search(tag) is None):
+                pos = end  # quoted material (never moved), or nested in its section
+                continue
+            start = _with_intro(text, m.start(), open_start if open_kind else 0)
+            if open_kind:
+                _close(out, seen, text, open_start, start, open_kind, open_name)
+            _close(out, seen, text, start, end, "tag", tag)
+            if open_kind == "heading":
+                open_start = end  # the section goes on after the block
+            else:
+                open_kind = ""
+            pos = end
+            continue
+        hashes = m.group("hashes")
+        if hashes is not None:
+            level = len(hashes)
+            if open_kind == "heading" and level > open_level:
+                pos = m.end() + 1  # a subsection belongs to its section
+                continue
+            if open_kind:
+                _close(out, seen, text, open_start, m.start(), open_kind, open_name)
+            open_kind, open_start, open_name, open_level = "heading", m.start(), m.group("heading"), level
+        else:
+            if open_kind == "heading" and not _SESSION_NAME_RX.search(m.group("label")):
+                pos = m.end() + 1  # a label inside a section is part of it, unless it names the environment
+                continue
+            if open_kind:
+                _close(out, seen, text, open_start, m.start(), open_kind, open_name)
+            open_kind, open_start, open_name, open_level = "label", m.start(), m.group("label"), 0
+        pos = m.end() + 1
+    if open_kind and len(out) < MAX_SECTIONS:
+        _close(out, seen, text, open_start, n, open_kind, open_name)
+    return out
+
+
+def _with_intro(text: str, start: int, floor: int) -> int:
+    """The start of a tagged block, moved up to the line right before it when that line introduces it
+    ("Here is useful information about the environment you are running in:"): they go together."""
+    if start <= floor + 1:
+        return start
+    prev_end = start - 1  # the newline ending the previous line
+    prev_start = text.rfind("\n", floor, prev_end) + 1
+    line = text[prev_start:prev_end].rstrip()
+    if line.endswith(":") and 0 < len(line) <= 200 and not line.lstrip().startswith(("#", "<", "-", "*")):
+        return prev_start
+    return start
+
+
+def _close(out: list[Section], seen: dict[tuple[str, str], int], text: str, start: int, end: int, kind: str,
+           name: str) -> None:  # fmt: skip
+    while start < end and text[start] in " \t\r\n":
+        start += 1
+    while end > start and text[end - 1] in " \t\r\n":
+        end -= 1
+    if end <= start:
+        return
+    index = seen.get((kind, name), 0)
+    seen[(kind, name)] = index + 1
+    out.append(Section(start, end, kind, name, index))
+
+
+def declared_dirs(text: str) -> tuple[tuple[int, int], ...]:
+    """Where the text declares a working directory (`Primary working directory: /x`, `<cwd>/x</cwd>`, …): the
+    path's offsets."""
+    found: list[tuple[int, int]] = []
+    for m in _CWD_RX.finditer(text):
+        group = "path" if m.group("path") is not None else "tagged"
+        start, end = m.span(group)
+        while end > start and text[end - 1] in "/.,;:)":
+            end -= 1
+        if end - start >= 3:
+            found.append((start, end))
+    return tuple(found)
+
+
+def dir_forms(paths: list[str]) -> list[str]:
+    """The paths and their slugs: Claude Code names its per-project memory folder after the path, every
+    character but letters and digits replaced by `-`."""
+    slugs = [_NON_ALNUM_RX.sub("-", p) for p in paths]
+    return paths + [s for s in slugs if s not in paths]
+
+
+def holds_any(text: str, start: int, end: int, needles: list[str]) -> bool:
+    """Whether `text[start:end]` contains one of `needles` (C-level finds, no copy)."""
+    return any(text.find(needle, start, end) >= 0 for needle in needles)
+
+
+def cut(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str]]:
+    """`text` without the given spans (with the blank lines that separated each from what follows), and the
+    spans' texts in order; no run of more than one blank line is left where a span was."""
+    pieces: list[str] = []
+    taken: list[str] = []
+    cursor = 0
+    n = len(text)
+    for start, end in sorted(spans):
+        taken.append(text[start:end])
+        pieces.append(text[cursor:start])
+        cursor = end
+        while cursor < n and text[cursor] in " \t\r\n":
+            cursor += 1
+    pieces.append(text[cursor:])
+    rest = "".join(pieces)
+    if cursor >= n:  # a span ended the text: drop the separator before it too
+        rest = rest.rstrip(" \t\r\n")
+    return rest, taken
