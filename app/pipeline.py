@@ -230,6 +230,7 @@ class Gateway:
             memory=self.memory,
             opt_out=ctx.headers.get(NORMALIZE_OPT_OUT, "").lower() == "off",
             now=datetime.now(UTC),
+            headers=ctx.headers,
         )
         if ctx.normalize_report.applied:
             ctx.prompt = ctx.surface.view(ctx.body)

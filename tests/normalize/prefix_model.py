@@ -1,0 +1,61 @@
+"""A prefix-cache model for normalize tests: render a body as `kvgate sim` does, then hash it in chained blocks.
+
+The sim converts Messages and Responses bodies to chat messages the way vLLM does (app/sim/messages.py,
+app/sim/responses.py) and renders them with tools after the first system text (app/sim/template.py, the
+Qwen/Hermes layout the issue's numbers come from). The cache here is vLLM's prefix cache reduced to what a
+ratio needs: full blocks of characters (64 ≈ 16 tokens), chained by hash, one unlimited cache, a request's
+hit = its longest run of leading blocks already seen (the last block always recomputed, as vLLM does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.sim.messages import chat_tools as messages_tools
+from app.sim.messages import to_chat_messages
+from app.sim.responses import chat_tools as responses_tools
+from app.sim.responses import input_messages
+from app.sim.template import render_chat
+
+BLOCK_CHARS = 64
+
+
+def render(surface: str, body: dict[str, Any]) -> str:
+    """The prompt text the sim renders for a body of `surface` (chat, messages, responses)."""
+    if surface == "messages":
+        return render_chat(to_chat_messages(body), tools=messages_tools(body.get("tools")))
+    if surface == "responses":
+        instructions = body.get("instructions")
+        messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+        items = body["input"]
+        messages += [{"role": "user", "content": items}] if isinstance(items, str) else input_messages(items)
+        for m in messages:  # the sim's template reads text parts only; Responses' input_text is one
+            if isinstance(m.get("content"), list):
+                m["content"] = [
+                    {"type": "text", "text": p.get("text", "")} if isinstance(p, dict) else p for p in m["content"]
+                ]
+        return render_chat(messages, tools=responses_tools(body.get("tools") or []) or None)
+    return render_chat(body["messages"], tools=body.get("tools"))
+
+
+@dataclass
+class PrefixCache:
+    """Chained block hashes of every prompt seen; `serve` says how much of a new prompt was already cached."""
+
+    blocks: set[int] = field(default_factory=set)
+
+    def serve(self, prompt: str) -> tuple[int, int]:
+        """(cached characters, prompt characters) for one request, then cache its blocks."""
+        n_full = (len(prompt) - 1) // BLOCK_CHARS  # the last token is always computed
+        parent = 0
+        hit = 0
+        missed = False
+        for i in range(n_full):
+            parent = hash((parent, prompt[i * BLOCK_CHARS : (i + 1) * BLOCK_CHARS]))
+            if not missed and parent in self.blocks:
+                hit += 1
+            else:
+                missed = True
+                self.blocks.add(parent)
+        return hit * BLOCK_CHARS, len(prompt)
