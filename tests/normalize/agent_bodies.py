@@ -72,7 +72,7 @@ CLAUDE_MIDDLE = _static("Tool usage", 13_000)
 CLAUDE_END = _static("Code references", 3_000)
 OPENCODE_STATIC = _static("Opencode", 9_000)
 CODEX_INSTRUCTIONS = _static("Codex", 17_000)
-OUTPUT_3K = "\n".join(f"{i:05d} line of tool output with some words in it, like a real grep would print" for i in range(180))
+OUTPUT_3K = "\n".join(f"{i:05d} line of tool output with some words in it, as a grep prints" for i in range(180))
 
 
 def claude_system(ws: Workspace) -> list[dict[str, Any]]:
