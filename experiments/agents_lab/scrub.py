@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-WORK = "/work/agents-lab-work"
+WORKS = ("/work/agents-lab-work", "/tmp/agents-lab-work")  # the lab's scratch root, now and in its first runs
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 LONG_HEX = re.compile(r"\b[0-9a-f]{32,}\b")
 PORT = re.compile(r"127\.0\.0\.1:\d+")
@@ -35,12 +35,16 @@ class Scrubber:
 
     def __init__(self, client: str) -> None:
         pairs = [
-            (f"{WORK}/{client}/repo-a/inventory", "/home/dev/work/inventory"),
-            (f"{WORK}/{client}/repo-b/inventory", "/home/dev/other/inventory"),
-            (f"{WORK}/home/{client}", "/home/dev"),
-            (f"{WORK}/{client}/repo-a", "/home/dev/work"),
-            (f"{WORK}/{client}/repo-b", "/home/dev/other"),
-            (WORK, "/home/dev/lab"),
+            pair
+            for work in WORKS
+            for pair in (
+                (f"{work}/{client}/repo-a/inventory", "/home/dev/work/inventory"),
+                (f"{work}/{client}/repo-b/inventory", "/home/dev/other/inventory"),
+                (f"{work}/home/{client}", "/home/dev"),
+                (f"{work}/{client}/repo-a", "/home/dev/work"),
+                (f"{work}/{client}/repo-b", "/home/dev/other"),
+                (work, "/home/dev/lab"),
+            )
         ]
         slugs = [(a.replace("/", "-").replace(".", "-"), b.replace("/", "-")) for a, b in pairs]
         self.pairs = sorted(pairs + slugs, key=lambda p: -len(p[0]))
@@ -84,6 +88,8 @@ def scrub_capture(path: Path, client: str) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         rec = json.loads(line)
+        if rec.get("path", "").startswith("/_lab/"):
+            continue  # the runner's own readiness probe
         keep = {k: rec.get(k) for k in FIELDS}
         keep["headers"] = {k: v for k, v in (rec.get("headers") or {}).items() if k.lower() not in DROP_HEADERS}
         keep["cached_tokens"], keep["prompt_tokens"] = rec.get("cached"), rec.get("prompt")
