@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.config import ModelConfig
 from app.context import NormalizeReport, Tenant
+from app.normalize.hoist import hoist, hoisted
 from app.normalize.layout import (
     SECTION,
     Found,
@@ -100,11 +101,15 @@ def normalize(
     texts = [_Text(slot, first is not None and slot.path[: len(first)] == first) for slot in view.head]
     moved: dict[str, int] = {}
     to_head = 0
+    lifted: list[int] = []  # system turns after the first user message that go before it (app/normalize/hoist)
     if allowed and texts:
         tenant_memory = memory.for_tenant(tenant.id)
         session = session_key(headers, body, view)
         _learn(texts, allowed - {SECTION}, tenant_memory, now)
         _place(texts, allowed, tenant_memory.variation, session, head_ok=first is not None)
+        if SECTION in allowed and first is not None and first[0] == "messages" and isinstance(first[1], int):
+            lifted = hoisted(body.get("messages"), first[1], tenant_memory.variation, session,
+                             tenant_memory.variation.plan(session))  # fmt: skip
         any_moving = any(t.moving or t.sections for t in texts)
         to_tail = any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
         blocked = any_moving and (
@@ -112,9 +117,12 @@ def normalize(
             or _refers_by_position(texts, view.tail_refs)
         )
         if blocked:
+            lifted = []
             for t in texts:
                 t.moving, t.places, t.sections = [], [], []
         else:
+            if lifted:
+                moved[SECTION] = moved.get(SECTION, 0) + len(lifted)
             for t in texts:
                 for c, p in zip(t.moving, t.places, strict=True):
                     to_head += p == "head"
@@ -140,6 +148,8 @@ def normalize(
         return body, NormalizeReport(mode="on")
 
     out = _apply_moves(body, texts, surface, model, view) if moved else dict(body)
+    if lifted and first is not None and isinstance(first[1], int):
+        out = hoist(out, first[1], lifted)  # last: the moves above address messages by their index
     if tools_changed:
         out["tools"] = new_tools
     if date_string is not None:

@@ -1,0 +1,75 @@
+"""Normalization on what the real clients sent (tests/fixtures/agents/, captured by experiments/agents_lab): every
+captured session replayed through `normalize`, rendered as the sim renders it and served from a chained block
+cache (tests/normalize/prefix_model.py): cached/prompt with normalization is never below the body as sent, per
+request kind and session; a session in another directory, or after a git-status change, reuses the system prompt
+and the tools the first session cached.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.surfaces import CHAT, MESSAGES, RESPONSES, Surface
+from app.normalize import VolatilityMemory, normalize
+from tests.normalize.helpers import NOW, model, tenant
+from tests.normalize.prefix_model import BLOCK_CHARS, PrefixCache, render
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agents"
+SURFACES: dict[str, tuple[str, Surface]] = {
+    "/v1/messages": ("messages", MESSAGES),
+    "/v1/chat/completions": ("chat", CHAT),
+    "/v1/responses": ("responses", RESPONSES),
+}
+CLIENTS = sorted(p.stem for p in FIXTURES.glob("*.jsonl"))
+
+
+def captured(client: str) -> list[dict[str, Any]]:
+    """The client's generation requests, in the order it sent them."""
+    rows = [json.loads(line) for line in (FIXTURES / f"{client}.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("path") in SURFACES and isinstance(r.get("body"), dict)]
+
+
+def replay(client: str, mode: str) -> dict[str, list[tuple[int, int]]]:
+    """(cached, prompt) characters per request, grouped by `<session>/<kind>`, `<kind>` and `all`."""
+    cache = PrefixCache()
+    memory = VolatilityMemory()
+    out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for row in captured(client):
+        name, surface = SURFACES[row["path"]]
+        body = row["body"]
+        if mode == "on":
+            headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
+            body, _ = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
+                                opt_out=False, now=NOW, headers=headers)  # fmt: skip
+        hit = cache.serve(render(name, body))
+        for group in (f"{row['session']}/{row['kind']}", str(row["kind"]), "all"):
+            out[group].append(hit)
+    return out
+
+
+def ratio(hits: list[tuple[int, int]]) -> float:
+    return sum(c for c, _ in hits) / sum(p for _, p in hits)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_captured_sessions_are_never_worse_than_direct(client: str) -> None:
+    direct, on = replay(client, "off"), replay(client, "on")
+    assert direct.keys() == on.keys()
+    assert ratio(on["all"]) >= ratio(direct["all"])
+    for group in direct:  # per request kind, and per session and kind: at most the one block per request that a
+        # moved section can shift the block grid by (a shared prefix of n characters caches floor(n / block) blocks)
+        slack = BLOCK_CHARS * len(direct[group])
+        assert sum(c for c, _ in on[group]) >= sum(c for c, _ in direct[group]) - slack, group
+
+
+@pytest.mark.parametrize("client", [c for c in CLIENTS if c in ("claude", "opencode")])
+def test_a_captured_session_elsewhere_reuses_the_shared_prefix(client: str) -> None:
+    on = replay(client, "on")
+    for group in ("other-dir/turn-open", "git-change/turn-open"):
+        if group in on:
+            assert ratio(on[group]) >= 0.95, (group, ratio(on[group]))
