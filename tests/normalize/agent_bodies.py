@@ -122,8 +122,19 @@ def claude_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
             out.append(("first" if turn == 0 and step == 0 else "turn" if step == 0 else "tool", headers, body))
             if step == 0:
                 call = f"toolu_{sid[:4]}{turn}"
-                messages.append({"role": "assistant", "content": [
-                    {"type": "tool_use", "id": call, "name": "Tool03", "input": {"path": f"src/module{turn}.py"}}]})
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "tool_use",
+                                "id": call,
+                                "name": "Tool03",
+                                "input": {"path": f"src/module{turn}.py"},
+                            }
+                        ],
+                    }
+                )
                 messages.append({"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": call, "content": OUTPUT_3K}]})  # fmt: skip
             else:
@@ -152,9 +163,22 @@ def opencode_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
             out.append(("first" if turn == 0 and step == 0 else "turn" if step == 0 else "tool", {}, body))
             if step == 0:
                 call = f"call_{sid[:4]}{turn}"
-                messages.append({"role": "assistant", "content": "", "tool_calls": [
-                    {"id": call, "type": "function",
-                     "function": {"name": "Tool03", "arguments": json.dumps({"path": f"src/module{turn}.py"})}}]})
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": call,
+                                "type": "function",
+                                "function": {
+                                    "name": "Tool03",
+                                    "arguments": json.dumps({"path": f"src/module{turn}.py"}),
+                                },
+                            }
+                        ],
+                    }
+                )
                 messages.append({"role": "tool", "tool_call_id": call, "content": OUTPUT_3K})  # fmt: skip
             else:
                 messages.append({"role": "assistant", "content": f"Refactored {turn}."})
@@ -174,12 +198,24 @@ def codex_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
                                            "</permissions instructions>"}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": env}]},
     ]  # fmt: skip
-    tools = [{"type": "function", "name": f"tool{i}", "description": "does a thing " * 20,
-              "parameters": {"type": "object", "properties": {}}} for i in range(8)] + [{"type": "web_search"}]
+    tools = [
+        {
+            "type": "function",
+            "name": f"tool{i}",
+            "description": "does a thing " * 20,
+            "parameters": {"type": "object", "properties": {}},
+        }
+        for i in range(8)
+    ] + [{"type": "web_search"}]
     out: list[Request] = []
     for turn in range(turns):
-        items.append({"type": "message", "role": "user",
-                      "content": [{"type": "input_text", "text": f"Task {turn}: fix the failing test {turn}."}]})
+        items.append(
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": f"Task {turn}: fix the failing test {turn}."}],
+            }
+        )
         for step in range(2):
             body = {"model": "qwen3-coder", "instructions": CODEX_INSTRUCTIONS, "input": json.loads(json.dumps(items)),
                     "tools": tools, "stream": True, "store": False, "include": ["reasoning.encrypted_content"],
@@ -187,8 +223,14 @@ def codex_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
             out.append(("first" if turn == 0 and step == 0 else "turn" if step == 0 else "tool", headers, body))
             if step == 0:
                 call = f"call_{sid[:4]}{turn}"
-                items.append({"type": "function_call", "call_id": call, "name": "tool1",
-                              "arguments": json.dumps({"cmd": ["pytest", "-x"]})})
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call,
+                        "name": "tool1",
+                        "arguments": json.dumps({"cmd": ["pytest", "-x"]}),
+                    }
+                )
                 items.append({"type": "function_call_output", "call_id": call, "output": OUTPUT_3K})
             else:
                 items.append({"type": "message", "role": "assistant",

@@ -2,9 +2,10 @@
 
 The sim converts Messages and Responses bodies to chat messages the way vLLM does (app/sim/messages.py,
 app/sim/responses.py) and renders them with tools after the first system text (app/sim/template.py, the
-Qwen/Hermes layout the issue's numbers come from). The cache here is vLLM's prefix cache reduced to what a
-ratio needs: full blocks of characters (64 ≈ 16 tokens), chained by hash, one unlimited cache, a request's
-hit = its longest run of leading blocks already seen (the last block always recomputed, as vLLM does).
+Qwen/Hermes layout the issue's numbers come from) and tokenizes them with its built-in tokenizer (what the lab's
+sims run). The cache here is vLLM's prefix cache reduced to what a ratio needs: full 16-token blocks chained by
+hash, one unlimited cache, a request's hit = its longest run of leading blocks already seen (the last token is
+always computed, as vLLM does).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from app.sim.messages import to_chat_messages
 from app.sim.responses import chat_tools as responses_tools
 from app.sim.responses import input_messages
 from app.sim.template import render_chat
+from app.sim.tokenizer import FallbackTokenizer
 
-BLOCK_CHARS = 64
+BLOCK_TOKENS = 16
+_TOKENIZER = FallbackTokenizer()
 
 
 def render(surface: str, body: dict[str, Any]) -> str:
@@ -46,16 +49,17 @@ class PrefixCache:
     blocks: set[int] = field(default_factory=set)
 
     def serve(self, prompt: str) -> tuple[int, int]:
-        """(cached characters, prompt characters) for one request, then cache its blocks."""
-        n_full = (len(prompt) - 1) // BLOCK_CHARS  # the last token is always computed
+        """(cached tokens, prompt tokens) for one request, then cache its blocks."""
+        ids = _TOKENIZER.encode(prompt)
+        n_full = (len(ids) - 1) // BLOCK_TOKENS  # the last token is always computed
         parent = 0
         hit = 0
         missed = False
         for i in range(n_full):
-            parent = hash((parent, prompt[i * BLOCK_CHARS : (i + 1) * BLOCK_CHARS]))
+            parent = hash((parent, tuple(ids[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS])))
             if not missed and parent in self.blocks:
                 hit += 1
             else:
                 missed = True
                 self.blocks.add(parent)
-        return hit * BLOCK_CHARS, len(prompt)
+        return hit * BLOCK_TOKENS, len(ids)

@@ -17,7 +17,7 @@ import pytest
 from app.api.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from app.normalize import VolatilityMemory, normalize
 from tests.normalize.helpers import NOW, model, tenant
-from tests.normalize.prefix_model import BLOCK_CHARS, PrefixCache, render
+from tests.normalize.prefix_model import BLOCK_TOKENS, PrefixCache, render
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agents"
 SURFACES: dict[str, tuple[str, Surface]] = {
@@ -35,7 +35,7 @@ def captured(client: str) -> list[dict[str, Any]]:
 
 
 def replay(client: str, mode: str) -> dict[str, list[tuple[int, int]]]:
-    """(cached, prompt) characters per request, grouped by `<session>/<kind>`, `<kind>` and `all`."""
+    """(cached, prompt) tokens per request, grouped by `<session>/<kind>`, `<kind>` and `all`."""
     cache = PrefixCache()
     memory = VolatilityMemory()
     out: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -63,7 +63,7 @@ def test_captured_sessions_are_never_worse_than_direct(client: str) -> None:
     assert ratio(on["all"]) >= ratio(direct["all"])
     for group in direct:  # per request kind, and per session and kind: at most the one block per request that a
         # moved section can shift the block grid by (a shared prefix of n characters caches floor(n / block) blocks)
-        slack = BLOCK_CHARS * len(direct[group])
+        slack = BLOCK_TOKENS * len(direct[group])
         assert sum(c for c, _ in on[group]) >= sum(c for c, _ in direct[group]) - slack, group
 
 
