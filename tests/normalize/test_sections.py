@@ -1,0 +1,94 @@
+"""Sections of a prompt text: tagged blocks, markdown sections, labelled blocks, and which name the environment."""
+
+from __future__ import annotations
+
+from app.normalize.sections import MAX_SECTIONS, cut, declared_dirs, dir_forms, find_sections
+
+CLAUDE_LIKE = """You are an interactive agent.
+
+# Harness
+Use the tools.
+<example>
+user: 2+2
+</example>
+
+# Memory
+
+You have a persistent file-based memory at `/home/dev/.claude/projects/-home-dev-work-inventory/memory/`.
+## What to save
+- stable facts
+
+# Environment
+You have been invoked in the following environment:
+ - Primary working directory: /home/dev/work/inventory
+ - Is a git repository: true
+
+```bash
+# a comment, not a heading
+```
+
+# Context management
+Act when you know enough.
+
+gitStatus: This is the git status at the start of the conversation.
+
+Current branch: main
+
+Status:
+?? NOTES.md
+
+Recent commits:
+e0a2d5b Add the inventory modules"""
+
+
+def units(text: str) -> list[tuple[str, str, int, bool, str]]:
+    return [(s.kind, s.name, s.nth, s.named_session(), text[s.start : s.end]) for s in find_sections(text)]
+
+
+def test_markdown_sections_run_to_the_next_heading_of_their_level_with_subsections_and_examples() -> None:
+    found = units(CLAUDE_LIKE)
+    assert [(k, n, named) for k, n, _, named, _ in found] == [
+        ("heading", "Harness", False),
+        ("heading", "Memory", True),
+        ("heading", "Environment", True),
+        ("heading", "Context management", False),
+        ("label", "gitStatus", True),
+    ]
+    memory = found[1][4]
+    assert memory.startswith("# Memory\n") and memory.endswith("- stable facts")  # its `##` subsection inside
+    assert "# a comment" in found[2][4]  # a fence is skipped whole: its `#` line is no heading
+    assert found[4][4].startswith("gitStatus:") and found[4][4].endswith("e0a2d5b Add the inventory modules")
+
+
+def test_an_environment_block_inside_a_section_is_a_unit_of_its_own_with_its_intro_line() -> None:
+    text = (
+        "# Code style\nBe brief.\nHere is some useful information about the environment you are running in:\n"
+        "<env>\n  Working directory: /home/dev/work/inventory\n  Today's date: Tue Dec 01 2026\n</env>\nMore text."
+    )
+    found = units(text)
+    assert [(k, n, i) for k, n, i, _, _ in found] == [("heading", "Code style", 0), ("tag", "env", 0),
+                                                      ("heading", "Code style", 1)]  # fmt: skip
+    assert found[1][4].startswith("Here is some useful information") and found[1][4].endswith("</env>")
+    assert found[1][3] and found[2][4] == "More text."
+
+
+def test_quoted_material_and_unclosed_tags_are_no_units() -> None:
+    assert units("<example>\nuser: hi\n</example>\n<document>\nx\n</document>\n<env>\nnever closed") == []
+
+
+def test_the_number_of_units_is_bounded() -> None:
+    text = "\n".join(f"# H{i}\nbody" for i in range(MAX_SECTIONS * 2))
+    assert len(find_sections(text)) == MAX_SECTIONS
+
+
+def test_declared_directories_and_their_slugs() -> None:
+    text = " - Primary working directory: /home/dev/work/inventory\n<cwd>/srv/app</cwd>\nWorking directory: /x/y/"
+    paths = [text[a:b] for a, b in declared_dirs(text)]
+    assert paths == ["/home/dev/work/inventory", "/srv/app", "/x/y"]
+    assert dir_forms(paths[:1]) == ["/home/dev/work/inventory", "-home-dev-work-inventory"]
+
+
+def test_cut_removes_spans_with_their_separating_blank_lines() -> None:
+    text = "A\n\nB1\nB2\n\nC\n\nD"
+    b, d = text.index("B1"), text.index("D")
+    assert cut(text, [(b, b + 5), (d, d + 1)]) == ("A\n\nC", ["B1\nB2", "D"])
