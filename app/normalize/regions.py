@@ -6,10 +6,13 @@ import re
 
 # Block openers at line start. Tag names are the ones prompts use for quoted material (retrieved
 # documents, few-shot examples, files) plus our own restated block, which must never be moved again.
+QUOTED_TAGS = (
+    "document|documents|doc|context|quote|example|examples|few_shot|sample|file|source|search_results?|retrieved"
+    "|data|json|code|transcript|request_metadata"
+)
 _MARKER_RX = re.compile(
     r"^[ \t]*(?:(?P<fence>```|~~~|\"\"\")|(?P<quote>>)|(?P<json>[{\[])"
-    r"|<(?P<tag>document|documents|doc|context|quote|example|examples|few_shot|sample|file|source|"
-    r"search_results?|retrieved|data|json|code|transcript|request_metadata)\b[^>\n]*>)",
+    rf"|<(?P<tag>{QUOTED_TAGS})\b[^>\n]*>)",
     re.MULTILINE | re.IGNORECASE,
 )
 # A date/time/id referred to by where it sits. Only position words, not temporal ones ("previous",

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from app.normalize.regions import QUOTED_TAGS
+
 MAX_SECTIONS = 256  # a bound for pathological texts: units past it are left alone
 MAX_TAG_BLOCK_CHARS = 64_000  # a tagged block longer than this is content (a pasted file), not environment
 
@@ -34,11 +36,7 @@ _SESSION_NAME_RX = re.compile(
     re.IGNORECASE,
 )
 # Tags of quoted material (app/normalize/regions.py protects the same ones): content, never a unit to move.
-_QUOTED_TAG_RX = re.compile(
-    r"document|documents|doc|context|quote|example|examples|few_shot|sample|file|source|search_results?|retrieved"
-    r"|data|json|code|transcript|request_metadata",
-    re.IGNORECASE,
-)
+_QUOTED_TAG_RX = re.compile(QUOTED_TAGS, re.IGNORECASE)
 # Lines that declare the session's working directory (Claude Code, opencode, Codex); what follows is the path.
 _CWD_RX = re.compile(
     r"(?:(?:primary[ \t]+)?working[ \t]+directory|workspace[ \t]+root(?:[ \t]+folder)?|cwd)\s*[:=][ \t]*`?"
