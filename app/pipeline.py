@@ -229,8 +229,7 @@ class Gateway:
             model=model,
             memory=self.memory,
             opt_out=ctx.headers.get(NORMALIZE_OPT_OUT, "").lower() == "off",
-            now=datetime.now(UTC),
-            headers=ctx.headers,
+            now=datetime.now(UTC), headers=ctx.headers,
         )
         if ctx.normalize_report.applied:
             ctx.prompt = ctx.surface.view(ctx.body)
