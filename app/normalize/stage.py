@@ -32,7 +32,7 @@ from app.normalize.varying import SECTION_WITHIN_AFTER, Variation
 from app.prompt import PromptView, TextSlot, with_text
 
 if TYPE_CHECKING:
-    from app.api.surfaces.base import Surface
+    from app.surfaces.base import Surface
 
 _ALL_RULES = frozenset(RULES)
 
