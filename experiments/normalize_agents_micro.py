@@ -61,7 +61,7 @@ def worker(passes: int) -> None:
     try:  # the surfaces package moves between versions
         import app.surfaces as surfaces  # type: ignore[import-not-found]
     except ImportError:
-        import app.api.surfaces as surfaces
+        import app.api.surfaces as surfaces  # type: ignore[no-redef]
 
     takes_headers = "headers" in inspect.signature(normalize).parameters
     tenant = Tenant(id="bench", normalize="on")

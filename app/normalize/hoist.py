@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.normalize.placement import is_restated
 from app.normalize.varying import ACROSS, Variation
 
 
@@ -30,8 +31,8 @@ def hoisted(
     out: list[int] = []
     for i in range(first_user + 1, len(messages)):
         msg = messages[i]
-        if not isinstance(msg, dict) or msg.get("role") != "system":
-            break
+        if not isinstance(msg, dict) or msg.get("role") != "system" or is_restated(msg.get("content")):
+            break  # a reply, or this stage's own tail block (a trailing system message)
         key = hash(("hoist", i - first_user))
         flags = variation.observe(key, hash(_content_key(msg.get("content"))), session)
         if key not in decided:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from app.api.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from app.normalize import VolatilityMemory, normalize
+from app.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from tests.normalize.agent_bodies import SESSIONS, Request, Workspace
 from tests.normalize.helpers import NOW, model, tenant
 from tests.normalize.prefix_model import PrefixCache, render

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from app.api.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from app.normalize import VolatilityMemory, normalize
+from app.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from tests.normalize.helpers import NOW, model, tenant
 from tests.normalize.prefix_model import BLOCK_TOKENS, PrefixCache, render
 

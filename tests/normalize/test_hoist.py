@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.surfaces import MESSAGES
 from app.normalize import VolatilityMemory, normalize
+from app.surfaces import MESSAGES
 from tests.normalize.helpers import NOW, STATIC_SYSTEM, model, tenant
 
 

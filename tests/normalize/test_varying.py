@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from app.api.surfaces import CHAT, MESSAGES
 from app.normalize import VolatilityMemory
 from app.normalize.session import session_key
 from app.normalize.varying import ACROSS, RELAX_AFTER_SESSIONS, WITHIN, Variation
+from app.surfaces import CHAT, MESSAGES
 from tests.normalize.helpers import NOW, STATIC_SYSTEM, model, tenant
 
 
