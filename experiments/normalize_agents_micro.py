@@ -59,7 +59,7 @@ def worker(passes: int) -> None:
     from app.normalize import VolatilityMemory, normalize
 
     try:  # the surfaces package moves between versions
-        import app.surfaces as surfaces  # type: ignore[import-not-found]
+        import app.surfaces as surfaces
     except ImportError:
         import app.api.surfaces as surfaces  # type: ignore[no-redef]
 
