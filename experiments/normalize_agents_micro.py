@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import inspect
 import json
 import os
@@ -58,10 +59,10 @@ def worker(passes: int) -> None:
     from app.context import Tenant
     from app.normalize import VolatilityMemory, normalize
 
-    try:  # the surfaces package moves between versions
-        import app.surfaces as surfaces
-    except ImportError:
-        import app.api.surfaces as surfaces  # type: ignore[no-redef]
+    # The surfaces package moved between versions; ask the tree under test where it is (the editable install's
+    # finder would otherwise resolve a package the baseline lacks from this checkout).
+    moved = (Path(app.__file__).parent / "surfaces").is_dir()
+    surfaces = importlib.import_module("app.surfaces" if moved else "app.api.surfaces")
 
     takes_headers = "headers" in inspect.signature(normalize).parameters
     tenant = Tenant(id="bench", normalize="on")
@@ -96,8 +97,16 @@ def worker(passes: int) -> None:
     for client, kind, _, _, raw in requests:
         for group in (f"{client} {kind}", f"{client} all"):
             sizes.setdefault(group, []).append(len(raw))
+    stage = sys.modules[normalize.__module__].__file__
     print(
-        json.dumps({"app": app.__file__, "times": times, "sizes": {k: statistics.median(v) for k, v in sizes.items()}})
+        json.dumps(
+            {
+                "app": app.__file__,
+                "stage": stage,
+                "times": times,
+                "sizes": {k: statistics.median(v) for k, v in sizes.items()},
+            }
+        )
     )
 
 
@@ -132,7 +141,8 @@ def main() -> None:
     for _ in range(args.runs):
         for side, tree in (("baseline", base_tree), ("current", ROOT)):
             result = run_worker(tree, args.passes)
-            assert result["app"].startswith(str(tree)), (side, result["app"])  # the code under test, not another
+            for module in ("app", "stage"):  # the code under test, not another
+                assert result[module].startswith(str(tree)), (side, result[module])
             sizes.update(result["sizes"])
             for group, values in result["times"].items():
                 sides[side].setdefault(group, []).extend(values)
