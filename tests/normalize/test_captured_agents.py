@@ -74,3 +74,16 @@ def test_a_captured_session_elsewhere_reuses_the_shared_prefix(client: str) -> N
     for group in ("other-dir/turn-open", "git-change/turn-open"):
         if group in on:
             assert ratio(on[group]) >= 0.95, (group, ratio(on[group]))
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_captured_requests_normalize_once(client: str) -> None:
+    memory = VolatilityMemory()
+    for row in captured(client):
+        _, surface = SURFACES[row["path"]]
+        headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
+        kwargs: dict[str, Any] = {"surface": surface, "tenant": tenant("on"), "model": model(), "memory": memory,
+                                  "opt_out": False, "now": NOW, "headers": headers}  # fmt: skip
+        once, _ = normalize(row["body"], **kwargs)
+        twice, _ = normalize(once, **kwargs)
+        assert twice == once, row["seq"]
