@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.normalize.placement import is_restated
 from app.normalize.varying import ACROSS, Variation
+from app.surfaces.placement import is_restated
 
 
 def hoisted(

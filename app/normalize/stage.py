@@ -21,7 +21,6 @@ from app.normalize.layout import (
     sections_of,
 )
 from app.normalize.memory import TenantMemory, VolatilityMemory
-from app.normalize.placement import at_head
 from app.normalize.regions import refers_by_position
 from app.normalize.rules import RULES
 from app.normalize.scan import Candidate, Scan, remove_spans, scan_text
@@ -30,6 +29,7 @@ from app.normalize.session import session_key
 from app.normalize.tools import ToolOrder, canonicalize_tools
 from app.normalize.varying import SECTION_WITHIN_AFTER, Variation
 from app.prompt import PromptView, TextSlot, with_text
+from app.surfaces.placement import at_head
 
 if TYPE_CHECKING:
     from app.surfaces.base import Surface
