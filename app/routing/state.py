@@ -18,7 +18,7 @@ from app.routing.kv_events import BlockView
 from app.routing.load_report import LoadReport
 from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
-from app.routing.sessions import SessionTable, session_table
+from app.routing.session_table import SessionTable, session_table
 
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
@@ -356,11 +356,18 @@ class ClusterState:
                 replicas.append(rep)
             policy = build_policy(pcfg.effective_policy(), defaults)
             before = previous.pools.get(name) if previous is not None else None
-            kept = before.sessions if before is not None else None
-            pools[name] = PoolState(name, pcfg, replicas, policy, session_table(cfg.routing.sessions, policy, kept))
+            kept = session_table(cfg.routing.sessions, policy.name, before.sessions if before is not None else None)
+            pools[name] = PoolState(name, pcfg, replicas, policy, kept)
         state = cls(pools)
         state.peer_clock = previous.peer_clock if previous is not None else None
         return state
+
+    def rebuild(self, cfg: GatewayConfig, **kwargs: Any) -> None:
+        """Take the pools of a fresh build from `cfg` in place (survivors keep their state, see from_config), so
+        every part holding this state (dispatcher, scraper, pre-warmer, queues) sees the new replicas."""
+        fresh = ClusterState.from_config(cfg, self, **kwargs)
+        self.pools = fresh.pools
+        self.memo = fresh.memo
 
     def replicas(self) -> Iterator[ReplicaState]:
         """Every replica of every pool."""

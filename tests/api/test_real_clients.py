@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.api.surfaces import MESSAGES
-from app.migration.messages_chat import chat_messages
 from app.sim.testing import running_sim
+from app.surfaces import MESSAGES
+from app.surfaces.messages.to_chat import chat_messages
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agents"

@@ -8,11 +8,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from app.api.surfaces import CHAT, MESSAGES, RESPONSES
 from app.context import ClassDecision, RouteDecision
 from app.routing.pick import pick
 from app.routing.session_key import SessionKey, session_key
 from app.routing.state import ClusterState
+from app.surfaces import CHAT, MESSAGES, RESPONSES
 from tests.routing.factory import make_cluster, make_config
 
 INTERACTIVE = ClassDecision("interactive", "stream")
