@@ -17,6 +17,7 @@ from app.config.load_report import LoadReportSettings
 from app.config.peer_load import PeerLoadSettings
 from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams, RoundRobinParams, policy_object
 from app.config.prewarm import PrewarmConfig
+from app.config.sessions import SessionSettings
 
 RouteClassName = Literal["interactive", "bulk"]
 NormalizeMode = Literal["off", "observe", "on"]
@@ -318,6 +319,7 @@ class RoutingConfig(_Strict):
     breaker: BreakerSettings = BreakerSettings()
     spill: SpillSettings = SpillSettings()
     peer_load: PeerLoadSettings = PeerLoadSettings()
+    sessions: SessionSettings = SessionSettings()  # app/routing/sessions.py: a session stays where its history is
     # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
     response_ttl_s: float = Field(3600.0, gt=0)
     prewarm: PrewarmConfig = PrewarmConfig()  # app/prewarm: a joining replica replays the top prefixes first

@@ -15,6 +15,8 @@ client unchanged, so its fallbacks (or its failure) are what they would be again
 
     python experiments/agents_lab/layer.py --port P --upstream http://127.0.0.1:Q --capture FILE
     POST /_lab/label {"arm": ..., "client": ..., "session": ..., "turn": ...}   labels for the next requests
+
+With --passthrough it is a tap in front of one replica (session_routing.py): it records and relays as is.
 """
 
 from __future__ import annotations
@@ -307,9 +309,10 @@ def cached_prompt(api: str, usage: dict[str, Any] | None) -> tuple[int, int] | N
 class Layer:
     """One capture file, one upstream, labels set by the runner."""
 
-    def __init__(self, upstream: str, capture: Path) -> None:
+    def __init__(self, upstream: str, capture: Path, *, passthrough: bool = False) -> None:
         self.upstream = upstream.rstrip("/")
         self.capture = capture
+        self.passthrough = passthrough  # a tap: record and relay the upstream's own answer
         self.labels: dict[str, Any] = {}
         self.seq = 0
         self.http: aiohttp.ClientSession | None = None
@@ -356,7 +359,8 @@ class Layer:
             rec.update(api=api, usage=usage, cached=cp[0] if cp else None, prompt=cp[1] if cp else None,
                        kind="turn-open" if call else ("tool-result" if _follows_tool(api, body) else "other"),
                        tool_call=list(call) if call else None)
-            reply = REPLIES[api](body, usage or {}, call, f"{seq}:{self.labels}")
+            if not self.passthrough:
+                reply = REPLIES[api](body, usage or {}, call, f"{seq}:{self.labels}")
         elif status != 200:
             rec["error_body"] = up_raw[:2000].decode("utf-8", "replace")
         rec["body"] = body
@@ -389,8 +393,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True)
     p.add_argument("--capture", type=Path, required=True)
+    p.add_argument("--passthrough", action="store_true", help="relay the upstream's answers (a tap), no script")
     args = p.parse_args()
-    layer = Layer(args.upstream, args.capture)
+    layer = Layer(args.upstream, args.capture, passthrough=args.passthrough)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/_lab/label", layer.label)
     app.router.add_get("/_lab/ping", layer.ping)

@@ -270,10 +270,11 @@ def start_gateway(log_dir: Path, name: str, cfg: dict[str, Any], checkout: Path 
     return proc.start("/ready", 60)
 
 
-def start_layer(log_dir: Path, name: str, upstream: str, capture: Path) -> Proc:
-    """The scripted layer in front of `upstream`, capturing into `capture`."""
+def start_layer(log_dir: Path, name: str, upstream: str, capture: Path, *, passthrough: bool = False) -> Proc:
+    """The scripted layer in front of `upstream`, capturing into `capture` (a plain tap with `passthrough`)."""
     port = free_port()
-    argv = [PY, str(HERE / "layer.py"), "--port", str(port), "--upstream", upstream, "--capture", str(capture)]
+    argv = [PY, str(HERE / "layer.py"), "--port", str(port), "--upstream", upstream, "--capture", str(capture),
+            *(["--passthrough"] if passthrough else [])]
     return Proc(name, f"http://127.0.0.1:{port}", argv, log=log_dir / f"{name}.log").start("/_lab/ping", 30,
                                                                                           any_status=True)
 
