@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from app.config_types import NormalizeMode, RouteClassName
 from app.prompt import PromptView
 from app.store.base import LimitReason, LimitSpec
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from app.routing.state import ReplicaState
 
 Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
-RouteClass = Literal["interactive", "bulk"]
+RouteClass = RouteClassName
 
 
 @dataclass(slots=True)
@@ -47,7 +48,7 @@ class Tenant:
 
     id: str
     default_class: RouteClass | None = None
-    normalize: Literal["off", "observe", "on"] = "off"
+    normalize: NormalizeMode = "off"
     normalize_rules: frozenset[str] | None = None
     capture_content: bool = False
     shared_cache: bool = False
@@ -57,7 +58,7 @@ class Tenant:
 class NormalizeReport:
     """What normalization did (or would do, in observe mode): rule names and counts, never values."""
 
-    mode: Literal["off", "observe", "on"]
+    mode: NormalizeMode
     moved: dict[str, int] = field(default_factory=dict)  # rule name -> spans moved
     tools_canonicalized: int = 0
     date_pinned: bool = False

@@ -739,7 +739,7 @@ def main() -> None:
     p.add_argument("--redis-url", help="an existing Redis (keys under a fresh prefix); default: a throwaway one")
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--store-timeout", type=float, default=0.25, help="store.socket_timeout_s (the default: 0.25)")
-    p.add_argument("--load-bound", type=float, default=1.25, help="prefix_affinity's c (routing.load_bound's default)")
+    p.add_argument("--load-bound", type=float, default=1.25, help="prefix_affinity's c (its load_bound's default)")
     p.add_argument(
         "--min-bound", type=int, default=0, help="prefix_affinity's min_bound (requests a home always takes)"
     )

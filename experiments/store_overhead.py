@@ -63,7 +63,6 @@ CFG = parse_config(
             }
         ],
     },
-    env={},
 )
 BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "system", "content": "s" * 800},
                                                      {"role": "user", "content": "q" * 200}]}

@@ -10,11 +10,19 @@ import pytest
 
 from app.api.app import create_app
 from app.config import GatewayConfig, parse_config
+from tests.config_env import kvgate_environment
 from tests.servers import FakeUpstream, serve_in_thread
 
 pytest_plugins = ["tests.store.redis_fixtures"]
 
 PUBLIC_MODEL = "public-model"
+
+
+@pytest.fixture(autouse=True)
+def _no_config_variables_from_the_shell() -> Iterator[None]:
+    """Each test's config is its own: KVGATE_* config variables of the shell running pytest are hidden."""
+    with kvgate_environment({}):
+        yield
 
 
 def gateway_config(replicas: list[str], **overrides: Any) -> GatewayConfig:
@@ -35,7 +43,7 @@ def gateway_config(replicas: list[str], **overrides: Any) -> GatewayConfig:
         "routing": {"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 1},
     }
     raw.update(overrides)
-    return parse_config(raw, env={})
+    return parse_config(raw)
 
 
 @contextmanager

@@ -17,25 +17,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from app.config_types import StrictModel
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.policy import Policy, Selection
+from app.routing.prefix_affinity import DEFAULT_LOAD_BOUND
 
 if TYPE_CHECKING:
     from app.kvcache.tokens import PromptBlocks
     from app.routing.state import ReplicaState
 
 
-class KvEventsParams(BaseModel):
+class KvEventsParams(StrictModel):
     """`policy: {type: kv_events, block_size: 128, load_tokens: 512}`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["kv_events"] = "kv_events"
-    # vLLM's --block-size (16 on GPUs; vLLM-CPU uses 128).
-    block_size: int = Field(16, ge=1)
-    # Prefill-equivalent tokens one request waiting ahead in the engine's queue costs.
-    load_tokens: int = Field(512, ge=0)
+    type: Literal["kv_events"] = Field("kv_events", description="The policy's name.")
+    block_size: int = Field(16, ge=1, description="vLLM's `--block-size` (16 on GPUs; vLLM-CPU uses 128).")
+    load_tokens: int = Field(512, ge=0, description=(
+        "Prefill-equivalent tokens one request waiting ahead in the engine's queue costs."))
+    load_bound: float = Field(DEFAULT_LOAD_BOUND, ge=1.0, description=(
+        "The bound of the prefix-affinity pick used while a replica's event stream is not whole."))
 
 
 class BlockView(Protocol):

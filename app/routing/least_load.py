@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
+from app.config_types import StrictModel
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.policy import Selection
 
@@ -14,11 +15,10 @@ if TYPE_CHECKING:
     from app.routing.state import ReplicaState
 
 
-class LeastLoadParams(BaseModel):
+class LeastLoadParams(StrictModel):
     """`policy: least_load` (no parameters)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["least_load"] = "least_load"
+    type: Literal["least_load"] = Field("least_load", description="The policy's name.")
 
 
 class LeastLoad:

@@ -5,16 +5,16 @@ Self-contained (no import of app.config) so PoolConfig mounts it with one line.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
+from app.config_types import StrictModel
 from app.routing.load_report import LoadReportFormat
 
 
-class LoadReportSettings(BaseModel):
+class LoadReportSettings(StrictModel):
     """On by default: every kvgate pool is vLLM, which answers chat and completions requests that ask."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = True
-    # Both parse the same; TEXT is the shorter header and vLLM's own example.
-    format: LoadReportFormat = "TEXT"
+    enabled: bool = Field(True, description=(
+        "Ask each chat and completions response for vLLM's load report (`endpoint-load-metrics-format`)."))
+    format: LoadReportFormat = Field("TEXT", description=(
+        "The report's format; both parse the same, TEXT is the shorter header and vLLM's own example."))

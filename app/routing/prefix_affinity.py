@@ -20,13 +20,17 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from app.config_types import StrictModel
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.policy import Selection
 
 if TYPE_CHECKING:
     from app.routing.state import ReplicaState
+
+
+DEFAULT_LOAD_BOUND = 1.25
 
 
 def bound(c: float, total: int, n: int) -> int:
@@ -35,17 +39,19 @@ def bound(c: float, total: int, n: int) -> int:
     return math.ceil(c * total / n - 1e-9)
 
 
-class PrefixAffinityParams(BaseModel):
-    """`policy: {type: prefix_affinity, load_bound: c}`; without load_bound, `routing.load_bound` applies."""
+class PrefixAffinityParams(StrictModel):
+    """`policy: {type: prefix_affinity, load_bound: c, min_bound: 0, spill: least_loaded}`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["prefix_affinity"] = "prefix_affinity"
-    load_bound: float | None = Field(None, ge=1.0)
-    # A home may always hold this many requests before the bound applies: at low load the bound (c x a mean
-    # below one) would send a prefix's second request elsewhere, and each gateway replica, seeing only its
-    # own in-flight requests, elsewhere differently. 0 keeps the pure bound.
-    min_bound: int = Field(0, ge=0)
-    spill: Literal["least_loaded", "ranked"] = "least_loaded"
+    type: Literal["prefix_affinity"] = Field("prefix_affinity", description="The policy's name.")
+    load_bound: float = Field(DEFAULT_LOAD_BOUND, ge=1.0, description=(
+        "c: a home takes a request only while its load after it stays within ceil(c x mean load)."))
+    min_bound: int = Field(0, ge=0, description=(
+        "A home may always hold this many requests before the bound applies: at low load the bound (c x a mean "
+        "below one) would send a prefix's second request elsewhere, and each gateway replica, seeing only its own "
+        "in-flight requests, elsewhere differently. 0 keeps the pure bound."))
+    spill: Literal["least_loaded", "ranked"] = Field("least_loaded", description=(
+        "Where a request over the bound goes: the least-loaded replica, or `ranked`: the next replica in the "
+        "prefix's rendezvous order within the bound (a hot prefix then overflows onto the same second replica)."))
 
 
 class PrefixAffinity:
@@ -53,7 +59,7 @@ class PrefixAffinity:
 
     name = "prefix_affinity"
 
-    def __init__(self, load_bound: float = 1.25, min_bound: int = 0, spill: str = "least_loaded") -> None:
+    def __init__(self, load_bound: float = DEFAULT_LOAD_BOUND, min_bound: int = 0, spill: str = "least_loaded") -> None:
         if load_bound < 1.0:
             raise ValueError("load_bound must be >= 1")
         self.load_bound = load_bound

@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
+from app.config_types import StrictModel
 from app.routing.policy import Selection
 
 if TYPE_CHECKING:
     from app.routing.state import ReplicaState
 
 
-class RoundRobinParams(BaseModel):
+class RoundRobinParams(StrictModel):
     """`policy: round_robin` (no parameters)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["round_robin"] = "round_robin"
+    type: Literal["round_robin"] = Field("round_robin", description="The policy's name.")
 
 
 class RoundRobin:

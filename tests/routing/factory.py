@@ -29,7 +29,7 @@ def make_config(
         pools["bulk"] = {"role": "bulk", "served_model": "m", "replicas": bulk, "price": PRICE,
                          **(bulk_extra or {})}
     raw = {"models": [{"name": "m", "pools": list(pools)}], "pools": pools, "routing": routing or {}}
-    return parse_config(raw, env={})
+    return parse_config(raw)
 
 
 def make_cluster(cfg: GatewayConfig) -> ClusterState:

@@ -83,7 +83,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, SimProcess, S
             "auth": {"required": False},
             "upstream": {"connect_timeout_s": 1, "retries": 2, "max_migrations": migrations},
             "routing": {"probe_interval_s": 0.3},
-        }, env={})  # fmt: skip
+        })  # fmt: skip
         with serve_in_thread(create_app(cfg)) as gw:
             yield gw, sims[0], sims[1]
     finally:
