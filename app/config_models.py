@@ -230,7 +230,8 @@ class PoolConfig(StrictModel):
 class TelemetryConfig(StrictModel):
     """OpenTelemetry export."""
 
-    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP collector URL for traces and metrics; null: none.")
+    otlp_endpoint: str | None = Field(None, description=(
+        "OTLP/HTTP collector URL for traces and metrics; null: no export (Prometheus text at /metrics only)."))
     service_name: str = Field("kvgate", description="OTel `service.name`.")
     metric_export_interval_s: float = Field(15, gt=0, description="Interval of the OTLP metric export.")
 
