@@ -24,13 +24,14 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -42,6 +43,10 @@ from app.store.base import Store
 from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
 from app.tenancy import TenantRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kvlab, when run as a script
+
+from kvlab.net import free_port
 
 KEY = "sk-bench"
 CFG = parse_config(
@@ -180,11 +185,6 @@ async def main(url: str, n: int, concurrency: int, rounds: int) -> None:
         await stats.delete(key)
     await stats.aclose()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 
 from app.bench.runner import run_bench, run_sweep
 from app.bench.spec import BenchSpec
-from tests.bench.fake_openai import BAD_KEY, FakeOpenAI, serving
+from kvlab.fake_openai import BAD_KEY, FakeOpenAI, serving
 
 
 async def test_streaming_run_measures_ttft_tpot_itl_and_usage() -> None:
