@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.routing.prefix_affinity import PrefixAffinity  # noqa: E402
 from experiments.procs import free_port, wait_http  # noqa: E402
+from kvlab.procs import start_logged  # noqa: E402
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 SPENDER, LIMITED, ADMIN = "sk-mg-spender", "sk-mg-limited", "sk-mg-admin"
@@ -108,13 +109,10 @@ class Stack:
     redis_url: str
     prefix: str
     workdir: Path
-    logs: list[Any] = field(default_factory=list)
 
 
 def _spawn(stack: Stack, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-    log = (stack.workdir / f"{name}.log").open("wb")
-    stack.logs.append(log)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = start_logged(argv, stack.workdir / f"{name}.log")
     stack.procs[name] = proc
     return proc
 
@@ -186,8 +184,6 @@ def stop(stack: Stack) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
-    for log in stack.logs:
-        log.close()
 
 
 # --- traffic ------------------------------------------------------------------------------------------

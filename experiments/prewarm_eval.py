@@ -57,6 +57,7 @@ from app.bench.spec import RequestRecord  # noqa: E402
 from app.bench.workloads import Session, Workload, WorkloadOptions  # noqa: E402
 from experiments.procs import free_port, metric_sum, scrape, wait_http  # noqa: E402
 from kvlab.configs import gateway_config as lab_config  # noqa: E402
+from kvlab.procs import start_logged  # noqa: E402
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 SIM = [sys.executable, str(ROOT / "experiments" / "multi_gateway.py"), "--_sim"]
@@ -162,8 +163,7 @@ class Load:
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    out = log.open("wb")
-    return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    return start_logged(argv, log)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -25,7 +25,6 @@ import asyncio
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +45,7 @@ from app.tenancy import TenantRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kvlab, when run as a script
 
-from kvlab.net import free_port
+from kvlab.redis_server import RedisServer
 
 KEY = "sk-bench"
 CFG = parse_config(
@@ -196,17 +195,14 @@ if __name__ == "__main__":
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                     help="event loop (kvgate serve runs uvloop)")
     args = ap.parse_args()
-    proc = None
+    server = None
     url = args.redis_url
     if url is None:
         if shutil.which("redis-server") is None:
             raise SystemExit("no --redis-url and no redis-server on PATH")
-        port = free_port()
-        tmp = tempfile.mkdtemp()
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
-        time.sleep(0.3)
-        url = f"redis://127.0.0.1:{port}/0"
+        server = RedisServer(Path(tempfile.mkdtemp()))
+        server.start()
+        url = server.url
     try:
         if args.loop == "uvloop":
             import uvloop
@@ -215,6 +211,5 @@ if __name__ == "__main__":
         else:
             asyncio.run(main(url, args.n, args.concurrency, args.rounds))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait()
+        if server is not None:
+            server.stop()
