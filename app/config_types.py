@@ -6,11 +6,12 @@ Imports nothing from app/, so any package's own config module (app/admission/con
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
 RouteClassName = Literal["interactive", "bulk"]
+ROUTE_CLASSES: tuple[RouteClassName, ...] = get_args(RouteClassName)
 NormalizeMode = Literal["off", "observe", "on"]
 # What happens to a request over a limit or refused by a full admission queue: 429, or served as bulk.
 OnExceed = Literal["reject", "degrade"]

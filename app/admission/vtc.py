@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from app.admission.config import RouteClass
+from app.config_types import ROUTE_CLASSES
 
 T = TypeVar("T")
-CLASSES: tuple[RouteClass, ...] = ("interactive", "bulk")
+CLASSES: tuple[RouteClass, ...] = ROUTE_CLASSES
 
 
 @dataclass(frozen=True, slots=True)
