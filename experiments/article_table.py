@@ -17,7 +17,7 @@ slower than real time (--time-scale < 1) so the host CPU keeps up with the model
 (kvgate_sim_step_lateness_seconds) is reported per run: it is the time steps ran past their modeled end.
 
     .venv/bin/python experiments/article_table.py                # print the tables (about 5 min on a busy 2-core host)
-    .venv/bin/python experiments/article_table.py --write docs/article-table.md --json /tmp/article.json
+    .venv/bin/python experiments/article_table.py --write docs/measurements/article-table.md --json /tmp/article.json
     .venv/bin/python experiments/article_table.py --quick        # smaller runs, for a smoke test
 """
 
