@@ -42,7 +42,9 @@ variable counts as unset; `null` sets a key to none. List items cannot be addres
 replaces the whole list).
 
 `kvgate check-config [PATH]` prints every problem with its key path (`pools.fast.replicas[0]: not a URL`) and
-exits 2; `kvgate serve` refuses a bad config the same way. An unknown key is an error, not ignored.
+exits 2; `kvgate serve` refuses a bad config the same way. An unknown key is an error, not ignored (in the file,
+and below a top-level key in a variable: `KVGATE_LISTEN__PROT`); a variable whose first part names no top-level
+key is not the gateway's (the scripts' `KVGATE_FAST_PORT`, `KVGATE_CACHE`) and is left alone.
 
 In the paths below, `<name>` is a key you choose (a pool's name) and `[]` an item of a list.
 """
