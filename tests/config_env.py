@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.config import GatewayConfig, parse_config
-from app.config_models import GatewayConfig as _Schema
+from app.config.models import GatewayConfig as _Schema
 
 # KVGATE_CONFIG and KVGATE_<KEY>... for every top-level key; KVGATE_FAST_PORT and the like (scripts) stay.
 _CONFIG_VARIABLES = ("KVGATE_CONFIG", *(f"KVGATE_{k.upper()}" for k in _Schema.model_fields))

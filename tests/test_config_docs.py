@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.config_docs import DOC, REGENERATE, keys, render
-from app.config_models import GatewayConfig
+from app.config.docs import DOC, REGENERATE, keys, render
+from app.config.models import GatewayConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

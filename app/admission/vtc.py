@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from app.admission.config import RouteClass
-from app.config_types import ROUTE_CLASSES
+from app.config.admission import RouteClass
+from app.config.types import ROUTE_CLASSES
 
 T = TypeVar("T")
 CLASSES: tuple[RouteClass, ...] = ROUTE_CLASSES

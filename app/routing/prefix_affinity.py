@@ -18,40 +18,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
-
-from app.config_types import StrictModel
+from app.config.policies import DEFAULT_LOAD_BOUND
 from app.routing.hashing import GOLDEN64, MASK64
-from app.routing.policy import Selection
-
-if TYPE_CHECKING:
-    from app.routing.state import ReplicaState
-
-
-DEFAULT_LOAD_BOUND = 1.25
+from app.routing.policy import R, Selection
 
 
 def bound(c: float, total: int, n: int) -> int:
     """The most requests one of `n` replicas may hold when they hold `total`: ceil(c * total / n)."""
     # The epsilon keeps float error (1.1 * 10 = 11.000000000000002) from granting an extra request.
     return math.ceil(c * total / n - 1e-9)
-
-
-class PrefixAffinityParams(StrictModel):
-    """`policy: {type: prefix_affinity, load_bound: c, min_bound: 0, spill: least_loaded}`."""
-
-    type: Literal["prefix_affinity"] = Field("prefix_affinity", description="The policy's name.")
-    load_bound: float = Field(DEFAULT_LOAD_BOUND, ge=1.0, description=(
-        "c: a home takes a request only while its load after it stays within ceil(c x mean load)."))
-    min_bound: int = Field(0, ge=0, description=(
-        "A home may always hold this many requests before the bound applies: at low load the bound (c x a mean "
-        "below one) would send a prefix's second request elsewhere, and each gateway replica, seeing only its own "
-        "in-flight requests, elsewhere differently. 0 keeps the pure bound."))
-    spill: Literal["least_loaded", "ranked"] = Field("least_loaded", description=(
-        "Where a request over the bound goes: the least-loaded replica, or `ranked`: the next replica in the "
-        "prefix's rendezvous order within the bound (a hot prefix then overflows onto the same second replica)."))
 
 
 class PrefixAffinity:
@@ -66,7 +42,7 @@ class PrefixAffinity:
         self.min_bound = min_bound
         self.ranked_spill = spill == "ranked"
 
-    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
+    def select(self, candidates: Sequence[R], key: int, blocks: object = None) -> Selection[R]:
         """The home if within the bound (runner-up: the next-ranked), else the least loaded or the next-ranked
         within the bound (runner-up: home)."""
         n = len(candidates)

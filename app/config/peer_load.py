@@ -1,13 +1,13 @@
 """`routing.peer_load`: gateway processes sharing a Store judge bounded load on one snapshot of all their requests.
 
-Self-contained (no import of app.config) so RoutingConfig mounts it with one line.
+Part of the schema (RoutingConfig mounts it with one line).
 """
 
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from app.config_types import StrictModel
+from app.config.types import StrictModel
 
 
 class PeerLoadSettings(StrictModel):

@@ -1,7 +1,7 @@
 """A pool's `discovery:` settings: where its replicas come from (DNS records or EndpointSlices) and, optionally,
 where each discovered replica publishes its KV-cache events.
 
-Self-contained (no import of app.config) so PoolConfig can mount it at `pools.<p>.discovery`.
+Part of the schema (PoolConfig mounts it at `pools.<p>.discovery`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from app.config_types import StrictModel
+from app.config.types import StrictModel
 
 HOST = "{host}"
 

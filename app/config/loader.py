@@ -1,7 +1,7 @@
 """The gateway's configuration: YAML file + `KVGATE_*` environment overrides, validated up front.
 
-The schema (every key and its default) is in app/config_models.py, documented in docs/config.md (generated from
-it: `python -m app.config_docs`); this module loads it and reports every problem with its key path
+The schema (every key and its default) is in app/config/models.py, documented in docs/config.md (generated from
+it: `python -m app.config.docs`); this module loads it and reports every problem with its key path
 (`pools.fast.replicas[0]: not a URL`).
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from app.config_env import EnvValueError
-from app.config_models import (
+from app.config.env import EnvValueError
+from app.config.models import (
     URL_RE,
     BackoffConfig,
     BreakerSettings,
@@ -34,10 +34,10 @@ from app.config_models import (
     TelemetryConfig,
     UpstreamConfig,
 )
-from app.config_tenants import AuthConfig, LimitsConfig, ReferencePrice, TenantConfig
-from app.config_types import NormalizeMode, RouteClassName
+from app.config.tenants import AuthConfig, LimitsConfig, ReferencePrice, TenantConfig
+from app.config.types import NormalizeMode, RouteClassName
 
-EMBEDDED_CONFIG = Path(__file__).resolve().parent / "defaults" / "local.yaml"  # config/local.yaml links here
+EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "defaults" / "local.yaml"  # config/local.yaml links here
 
 __all__ = [
     "EMBEDDED_CONFIG", "AuthConfig", "BackoffConfig", "BreakerSettings", "ConfigError", "GatewayConfig",
@@ -87,7 +87,7 @@ def _problem(error: Any) -> Problem:
 
 
 def _semantic_problems(cfg: GatewayConfig) -> list[Problem]:
-    from app.normalize.rules import RULES as known_rules  # the normalize package imports this module
+    from app.config.normalize import RULES as known_rules
 
     problems: list[Problem] = []
     seen_models: set[str] = set()

@@ -1,7 +1,7 @@
 """docs/config.md from the schema: every key with its path, type, default and description (`Field(description=…)`).
 
-    python -m app.config_docs            # rewrite docs/config.md
-    python -m app.config_docs --check    # exit 1 when docs/config.md is not what the schema says
+    python -m app.config.docs            # rewrite docs/config.md
+    python -m app.config.docs --check    # exit 1 when docs/config.md is not what the schema says
 
 tests/test_config_docs.py runs the check, so a key added without regenerating fails the fast tier.
 """
@@ -22,14 +22,14 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from app.config_models import GatewayConfig
+from app.config.models import GatewayConfig
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
-REGENERATE = "python -m app.config_docs"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+REGENERATE = "python -m app.config.docs"
 
 _INTRO = f"""# Configuration reference
 
-<!-- Generated from the schema (app/config_models.py and the models it mounts) by `{REGENERATE}`.
+<!-- Generated from the schema (app/config/models.py and the models it mounts) by `{REGENERATE}`.
      Do not edit by hand: tests/test_config_docs.py fails when this file is not what the schema says. -->
 
 The gateway reads one YAML file: `kvgate serve --config PATH`, else the file `KVGATE_CONFIG` names, else the
@@ -170,7 +170,7 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write docs/config.md, or with --check say whether it is up to date."""
-    parser = argparse.ArgumentParser(prog="python -m app.config_docs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m app.config.docs", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/config.md is out of date")
     args = parser.parse_args(argv)
     text = render()

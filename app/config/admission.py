@@ -1,13 +1,13 @@
 """Admission settings for one pool: when the fair queue engages and how it shares a saturated pool.
 
-Self-contained (no import of app.config) so GatewayConfig can mount it at `pools.<p>.admission` or `admission`.
+Part of the schema (PoolConfig mounts it at `pools.<p>.admission`).
 """
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from app.config_types import OnExceed, RouteClassName, StrictModel
+from app.config.types import OnExceed, RouteClassName, StrictModel
 
 RouteClass = RouteClassName
 

@@ -1,7 +1,7 @@
 """The configuration's building blocks, shared by every config model: the strict base and the enumerations.
 
-Imports nothing from app/, so any package's own config module (app/admission/config.py, app/routing/*_config.py,
-...) and the request path (app/context.py) can use them without an import cycle.
+Imports nothing from app/, so every block of the schema (app/config/*.py) and the request path (app/context.py)
+can use them without an import cycle.
 """
 
 from __future__ import annotations

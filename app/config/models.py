@@ -1,6 +1,6 @@
 """The configuration's schema: every key an operator can set, with its default (pydantic models).
 
-Loading (YAML file, environment overrides, every problem with its key path) is in app/config.py.
+Loading (YAML file, environment overrides, every problem with its key path) is in app/config/loader.py.
 """
 
 from __future__ import annotations
@@ -11,18 +11,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from app.admission.config import AdmissionConfig
-from app.config_env import YamlEnvSource
-from app.config_tenants import AuthConfig, TenantConfig
-from app.config_types import RouteClassName, StrictModel
-from app.prewarm.config import PrewarmConfig
-from app.routing.discovery_config import DiscoveryConfig
-from app.routing.kv_events import KvEventsParams
-from app.routing.load_report_config import LoadReportSettings
-from app.routing.peer_load_config import PeerLoadSettings
-from app.routing.prefix_affinity import PrefixAffinityParams
-from app.routing.registry import PolicySpec, policy_object
-from app.routing.round_robin import RoundRobinParams
+from app.config.admission import AdmissionConfig
+from app.config.discovery import DiscoveryConfig
+from app.config.env import YamlEnvSource
+from app.config.load_report import LoadReportSettings
+from app.config.peer_load import PeerLoadSettings
+from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams, RoundRobinParams, policy_object
+from app.config.prewarm import PrewarmConfig
+from app.config.tenants import AuthConfig, TenantConfig
+from app.config.types import RouteClassName, StrictModel
 
 # What vLLM's speculative-decoding path refuses ("not yet supported with speculative decoding").
 SPECULATIVE_UNSUPPORTED = ("min_p", "logit_bias")
@@ -329,7 +326,7 @@ class GatewayConfig(BaseSettings):
     """The whole configuration: the YAML file's values, overridden by `KVGATE_<KEY>__<SUBKEY>` variables.
 
     Built by pydantic-settings from two sources (settings_customise_sources): the process environment
-    (app/config_env.py: values of lists and objects as YAML or JSON) over the init values, which app/config.py
+    (app/config/env.py: values of lists and objects as YAML or JSON) over the init values, which app/config.py
     fills from the YAML file. So a variable wins over the file, key by key (pydantic-settings' deep merge).
     """
 

@@ -1,14 +1,18 @@
 """`pools.<p>.load_report`: ask the replicas for vLLM's in-band load report (app/routing/load_report.py).
 
-Self-contained (no import of app.config) so PoolConfig mounts it with one line.
+Part of the schema (PoolConfig mounts it with one line).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
-from app.config_types import StrictModel
-from app.routing.load_report import LoadReportFormat
+from app.config.types import StrictModel
+
+# How vLLM encodes its in-band load header (endpoint-load-metrics-format).
+LoadReportFormat = Literal["TEXT", "JSON"]
 
 
 class LoadReportSettings(StrictModel):

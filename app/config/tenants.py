@@ -1,6 +1,6 @@
 """The configuration's tenants and keys: `tenants[]` (limits, reference price, opt-ins) and `auth`.
 
-Part of the schema in app/config_models.py (GatewayConfig mounts these).
+Part of the schema in app/config/models.py (GatewayConfig mounts these).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from app.config_types import NormalizeMode, OnExceed, RouteClassName, StrictModel
+from app.config.types import NormalizeMode, OnExceed, RouteClassName, StrictModel
 
 
 def _yaml_bool_to_mode(value: Any) -> Any:

@@ -1,13 +1,13 @@
 """`routing.prewarm`: whether a joining replica is pre-warmed, with how many prefixes, how fast, for how long.
 
-Self-contained (no import of app.config) so RoutingConfig can mount it.
+Part of the schema (RoutingConfig mounts it).
 """
 
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from app.config_types import StrictModel
+from app.config.types import StrictModel
 
 
 class PrewarmConfig(StrictModel):
