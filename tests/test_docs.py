@@ -31,6 +31,15 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
     assert broken == []
 
 
+def test_every_module_the_reference_pages_name_exists() -> None:
+    # Reference pages (README, docs/*.md) describe the code as it is; dated measurement pages keep their day's names.
+    missing = []
+    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        missing += [f"{md.relative_to(ROOT)}: {p}" for p in re.findall(r"(app/[\w/]+\.py)", md.read_text())
+                    if not (ROOT / p).exists()]
+    assert missing == []
+
+
 def test_every_module_architecture_md_names_exists() -> None:
     named = set(re.findall(r"`(app/[\w/.]*)`", ARCHITECTURE.read_text()))
     assert named, "architecture.md names no module"
