@@ -301,7 +301,8 @@ class RoutingConfig(StrictModel):
     peer_load: PeerLoadSettings = Field(PeerLoadSettings(), description=(
         "Gateway processes sharing a store judge bounded load on one snapshot of all their requests."))
     sessions: SessionSettings = Field(SessionSettings(), description=(
-        "app/routing/sessions.py: a session stays on the replica that holds its history."))
+        "A coding session stays on the replica that holds its history; new sessions balance the load "
+        "(prefix_affinity and kv_events pools)."))
     response_ttl_s: float = Field(3600.0, gt=0, description=(
         "How long a response id → replica mapping is kept (vLLM's stored responses live in its process)."))
     prewarm: PrewarmConfig = Field(PrewarmConfig(), description=(

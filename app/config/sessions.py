@@ -1,17 +1,17 @@
 """`routing.sessions`: keep a coding session on the replica that holds its history (app/routing/sessions.py).
 
-Self-contained (no import of app.config) so RoutingConfig mounts it with one line.
+Part of the schema (RoutingConfig mounts it with one line).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.config.types import StrictModel
 
 
-class SessionSettings(BaseModel):
+class SessionSettings(StrictModel):
     """Session affinity for `prefix_affinity` and `kv_events` pools; round robin and least load ignore it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(True, description="Route by session: a session's requests stay on the replica its first "
                           "request was placed on; new sessions are what balances the load.")
