@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.admission.config import AdmissionConfig
+from app.failure_budget import FailureBudgetConfig
 from app.prewarm.config import PrewarmConfig
 from app.routing.discovery_config import DiscoveryConfig
 from app.routing.kv_events import KvEventsParams
@@ -67,6 +68,8 @@ class Listen(_Strict):
     # readiness change), then stops accepting; open requests get up to drain_s (from the signal) to finish.
     drain_s: float = Field(30.0, ge=0)
     drain_notice_s: float = Field(1.0, ge=0)
+    write_timeout_s: float = Field(30.0, gt=0, description="A response the client stops reading this long (send "
+                                   "buffer full) is cut: connection closed, upstream aborted, limit slot freed.")
     # Processes serving this port (SO_REUSEPORT); more than one needs a shared store (store.url).
     workers: int = Field(1, ge=1, le=64)
 
@@ -289,6 +292,9 @@ class UpstreamConfig(_Strict):
     backoff: BackoffConfig = BackoffConfig()
     # A chat stream whose replica fails midway continues on another replica this many times (0: never).
     max_migrations: int = Field(1, ge=0, le=3)
+    idle_timeout_s: float = Field(60.0, gt=0, description="A stream whose replica sends no byte for this long (a "
+                                  "hung replica) fails that attempt: it migrates, or the request is retried.")
+    failure_budget: FailureBudgetConfig = Field(FailureBudgetConfig(), description="Upstream failures per caller.")
 
 
 class BreakerSettings(_Strict):

@@ -43,6 +43,12 @@ def too_deep() -> GatewayError:
     return bad_request("The request body is nested too deeply.", code="invalid_json")
 
 
+def cut_at_drain() -> GatewayError:
+    """503: the gateway is shutting down and its drain time ran out before this request finished."""
+    return GatewayError(503, "The gateway shut down before this request finished; retry it.",
+                        type="service_unavailable", code="shutting_down", headers={"connection": "close"})  # fmt: skip
+
+
 def body_timeout(seconds: float) -> GatewayError:
     """408: the client did not send its whole body in time; the connection is closed after the answer."""
     return GatewayError(408, f"The request body did not arrive within {seconds:g} s.", code="request_timeout",
@@ -135,6 +141,7 @@ class InferenceEndpoint:
             await send_reply(send, _plain_error(surface, internal_error(request_id), request_id), lambda: None)
             return
         ctx.timing.start = started
+        ctx.client = scope["client"][0] if scope.get("client") else ""
 
         main = asyncio.current_task()
         cancelled = False
@@ -157,6 +164,10 @@ class InferenceEndpoint:
             )
         except asyncio.CancelledError:
             if not state["disconnected"]:
+                # The server cut the request (the drain ran out): the client still gets a proper end.
+                ctx.error_type = ctx.error_type or "draining"
+                await _answer_failure(send, surface, request_id, cut_at_drain(), started=state["started"],
+                                      done=state["done"])  # fmt: skip
                 raise
             if main is not None:
                 main.uncancel()

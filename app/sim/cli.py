@@ -55,6 +55,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-buffer-steps", type=int, default=10_000, help="event batches kept for replay")
     p.add_argument("--no-enable-scale-out", dest="enable_scale_out", action="store_false",
                    help="answer the render endpoints 403, as vLLM does without --enable-scale-out")  # fmt: skip
+    p.add_argument("--fail-marker", default=None, metavar="TEXT",
+                   help="answer 500 to every POST whose body contains TEXT (a deterministic per-body fault)")
     p.add_argument("--log-level", default="warning")
 
 
@@ -90,6 +92,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         kv_topic=args.kv_topic,
         kv_buffer_steps=args.kv_buffer_steps,
         enable_scale_out=args.enable_scale_out,
+        fail_marker=args.fail_marker,
     )
     opts.scheduler_config()
     opts.hash_algo()

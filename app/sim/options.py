@@ -70,6 +70,7 @@ class SimOptions:
     kv_topic: str = ""  # its topic
     kv_buffer_steps: int = 10_000  # its buffer_steps: batches kept for replay
     enable_scale_out: bool = True  # vLLM's --enable-scale-out (render endpoints; vLLM's default is off)
+    fail_marker: str | None = None  # a POST body containing it is answered 500 (app/sim/faults.py)
 
     def resolved_profile(self) -> Profile:
         """The step-time profile."""

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.sim.engine import OutputStream
+from app.sim.faults import FailMarker
 from app.sim.messages import MessagesSurface
 from app.sim.options import SimOptions
 from app.sim.orca import orca_header
@@ -187,9 +188,17 @@ class _SimStarlette(Starlette):
     """Starlette with the two generation routes served before the middleware stack (the per-token path)."""
 
     fast_routes: dict[str, ASGIApp]
+    faults: FailMarker | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Dispatch generation requests directly; everything else through Starlette."""
+        """Dispatch generation requests directly; everything else through Starlette (injected faults first)."""
+        if self.faults is not None:
+            await self.faults(scope, receive, send)
+        else:
+            await self.serve(scope, receive, send)
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The routes: generation directly, everything else through Starlette."""
         if scope["type"] == "http":
             endpoint = self.fast_routes.get(scope["path"])
             if endpoint is not None:
@@ -282,4 +291,6 @@ def create_sim_app(options: SimOptions) -> Starlette:
     app.fast_routes = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/responses": responses,
                        "/v1/messages": messages}  # fmt: skip
     app.state.sim = st
+    if options.fail_marker:
+        app.faults = FailMarker(app.serve, options.fail_marker)
     return app
