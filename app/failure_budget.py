@@ -1,7 +1,8 @@
 """A budget of upstream failures per caller, so one caller cannot burn the pool for everyone.
 
 Every request that ends in an upstream 5xx (its own, or a body two replicas failed the same way: see
-app/attribution.py) takes one token from its tenant's bucket and one from its client address's. A caller with
+app/attribution.py) takes one token from its tenant's bucket and one from its client's (the address within the
+tenant: anonymous callers apart, and no tenant refused for another behind the same load balancer). A caller with
 an empty bucket is refused with a 429 in its API's envelope, before any replica is picked, until the bucket
 refills: a client sending 10 poisoned requests a second reaches the replicas about `refill_per_s` times a
 second. Failures that are the replica's (connect errors, timeouts) take nothing: an outage must not turn
@@ -51,7 +52,7 @@ class FailureBudget:
         if not self.cfg.enabled or not self._buckets:
             return
         now = self._clock()
-        for key, burst in ((f"t:{tenant_id}", self.cfg.tenant_burst), (f"c:{client}", self.cfg.client_burst)):
+        for key, burst in self._keys(tenant_id, client):
             tokens = self._level(key, burst, now)
             if tokens < 1:
                 wait = math.ceil((1 - tokens) / self.cfg.refill_per_s)
@@ -68,8 +69,11 @@ class FailureBudget:
         now = self._clock()
         if len(self._buckets) >= MAX_BUCKETS:
             self._prune(now)
-        for key, burst in ((f"t:{tenant_id}", self.cfg.tenant_burst), (f"c:{client}", self.cfg.client_burst)):
+        for key, burst in self._keys(tenant_id, client):
             self._buckets[key] = (self._level(key, burst, now) - 1, now)
+
+    def _keys(self, tenant_id: str, client: str) -> tuple[tuple[str, int], tuple[str, int]]:
+        return (f"t:{tenant_id}", self.cfg.tenant_burst), (f"c:{tenant_id}:{client}", self.cfg.client_burst)
 
     def _level(self, key: str, burst: int, now: float) -> float:
         held = self._buckets.get(key)
