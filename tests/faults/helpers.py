@@ -28,7 +28,7 @@ def poisonable_sims(n: int = 2, **options: Any) -> Iterator[list[str]]:
 
 def two_tenants(replicas: list[str], **overrides: Any) -> GatewayConfig:
     """The test gateway's config with keys required and the attacker and victim tenants."""
-    return gateway_config(replicas, tenants=TENANTS, auth={"required": True}, **overrides)
+    return gateway_config(replicas, **{"tenants": TENANTS, "auth": {"required": True}, **overrides})
 
 
 def chat(text: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
