@@ -166,8 +166,9 @@ class InferenceEndpoint:
             if not state["disconnected"]:
                 # The server cut the request (the drain ran out): the client still gets a proper end.
                 ctx.error_type = ctx.error_type or "draining"
+                end = surface.stream_observer(ctx, ctx.model).ending(b"")  # the protocol's end marker ([DONE])
                 await _answer_failure(send, surface, request_id, cut_at_drain(), started=state["started"],
-                                      done=state["done"])  # fmt: skip
+                                      done=state["done"], end=end)  # fmt: skip
                 raise
             if main is not None:
                 main.uncancel()
@@ -192,14 +193,14 @@ class InferenceEndpoint:
 
 
 async def _answer_failure(
-    send: Send, surface: Surface, request_id: str, err: GatewayError, *, started: bool, done: bool
+    send: Send, surface: Surface, request_id: str, err: GatewayError, *, started: bool, done: bool, end: bytes = b""
 ) -> None:
     """The error in the envelope, or the surface's error event to end a stream already under way."""
     try:
         if not started:
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
         elif not done:
-            await send({"type": "http.response.body", "body": surface.stream_error(err), "more_body": True})
+            await send({"type": "http.response.body", "body": surface.stream_error(err) + end, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
         pass  # the client is gone: nothing left to tell it

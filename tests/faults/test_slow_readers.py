@@ -56,11 +56,12 @@ async def test_a_client_that_never_reads_is_cut_and_its_upstream_and_slot_freed(
             try:
                 assert await wait_for(lambda: running_requests(sims[0]) >= 1, BOUND_S)
                 assert await wait_for(lambda: running_requests(sims[0]) == 0, BOUND_S)  # the upstream was aborted
-                metrics = httpx.get(gw + "/metrics", timeout=5).text
-                assert 'gateway_connections_timed_out_total{phase="write"} 1' in metrics
-                # The slot is free: one more request of the tenant (concurrent: 1) is served.
-                r = httpx.post(gw + "/v1/chat/completions", json=chat("again"), timeout=30,
-                               headers={"authorization": f"Bearer {VICTIM}"})  # fmt: skip
-                assert r.status_code == 200
+                async with httpx.AsyncClient(base_url=gw, timeout=30) as http:
+                    metrics = (await http.get("/metrics")).text
+                    assert 'gateway_connections_timed_out_total{phase="write"} 1' in metrics
+                    # The slot is free: one more request of the tenant (concurrent: 1) is served.
+                    r = await http.post("/v1/chat/completions", json=chat("again"),
+                                        headers={"authorization": f"Bearer {VICTIM}"})  # fmt: skip
+                    assert r.status_code == 200
             finally:
                 sock.close()
