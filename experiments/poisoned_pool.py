@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import procs  # noqa: E402
-from procs import MODEL, gateway_config, gateway_proc, metric_sum, scrape, sim_proc  # noqa: E402
+import procs
+from procs import MODEL, gateway_config, gateway_proc, metric_sum, scrape, sim_proc
 
 MARKER = "POISON-7d1f"
 ATTACKER, VICTIM = "sk-attacker", "sk-victim"
