@@ -1,7 +1,8 @@
 """A soak of mixed hostile bursts: does anything leak (slots, replica requests, memory) or spill onto others?
 
 Two `kvgate sim` processes (`--fail-marker`) behind one `kvgate serve` with listen.write_timeout_s 2 s,
-upstream.idle_timeout_s 5 s (and a per-address connection cap above the load generator's). Every `--every` seconds, `--bursts` times, one burst of 100 requests at once:
+upstream.idle_timeout_s 5 s (and a per-address connection cap above the load generator's). Every `--every`
+seconds (or as soon as the last one ended), `--bursts` times, one burst of 100 requests at once:
 50 small chat requests of the victim tenant (limits.concurrent 40: a 429 is the limit, not a failure), 20
 poisoned requests of the attacker tenant (count_tokens asking for a stream, bodies every sim fails), and of a
 third tenant 15 streams dropped after 10 lines, 10 Messages streams read whole, 5 streams whose client never
