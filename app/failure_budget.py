@@ -16,25 +16,12 @@ import math
 import time
 from collections.abc import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from app.config.failure_budget import FailureBudgetConfig
 from app.errors import GatewayError
 from app.headers import RETRY_AFTER
 
 # Buckets kept before full (recovered) ones are dropped: a bucket back at its burst says nothing.
 MAX_BUCKETS = 10_000
-
-
-class FailureBudgetConfig(BaseModel):
-    """Upstream failures a caller may cause (a token bucket per tenant and per client address); past it, that
-    caller's requests are refused (429 in their API's envelope) without touching a replica."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = Field(True, description="Refuse callers whose requests keep failing upstream.")
-    tenant_burst: int = Field(20, ge=1, description="Failures one tenant may cause at once before refusals start.")
-    client_burst: int = Field(10, ge=1, description="Failures one client address may cause at once.")
-    refill_per_s: float = Field(1.0, gt=0, description="Failures per second each bucket regains.")
 
 
 class FailureBudget:

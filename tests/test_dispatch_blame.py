@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from app.config.failure_budget import FailureBudgetConfig
 from app.dispatch import Complete
 from app.errors import GatewayError, upstream_status
-from app.failure_budget import FailureBudgetConfig
 from tests.test_dispatch import A, B, FakeResponse, ctx, key, replica, setup
 
 FAULT = b'{"error":{"message":"injected fault","type":"InternalServerError","code":500}}'

@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from app.config.failure_budget import FailureBudgetConfig
 from app.errors import GatewayError
-from app.failure_budget import MAX_BUCKETS, FailureBudget, FailureBudgetConfig
+from app.failure_budget import MAX_BUCKETS, FailureBudget
 
 
 class Clock:
