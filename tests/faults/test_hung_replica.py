@@ -7,16 +7,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 
 import httpx
 import orjson
 import pytest
 
-from app.api.app import create_app
-from app.config import parse_config
-from tests.routing.test_faults_e2e import MODEL, SimProcess
-from tests.servers import serve_in_thread
+from tests.routing.test_faults_e2e import MODEL, SimProcess, cluster
+
+__all__ = ["cluster"]  # the two-sim gateway fixture, with this test's upstream settings
 
 pytestmark = pytest.mark.slow
 
@@ -26,55 +24,28 @@ TOKENS = 300
 BOUND_S = 60.0  # well under read_timeout_s (300): what a stream on the hung replica waited before
 
 
-@pytest.fixture
-def hung_cluster() -> Iterator[tuple[str, SimProcess]]:
-    """Gateway URL and the replica to stop (the other survives)."""
-    sims = [SimProcess(), SimProcess()]
-    try:
-        for s in sims:
-            s.start()
-        cfg = parse_config({
-            "models": [{"name": MODEL, "pools": ["main"]}],
-            "pools": {"main": {"role": "interactive", "served_model": MODEL, "policy": "round_robin",
-                               "replicas": [s.url for s in sims], "price": {"input_per_m": 1.0, "output_per_m": 2.0}}},
-            "auth": {"required": False},
-            "upstream": {"connect_timeout_s": 1, "read_timeout_s": 300, "idle_timeout_s": IDLE_S, "retries": 2,
-                         "max_migrations": 1},
-            "routing": {"probe_interval_s": 0.3},
-        }, env={})  # fmt: skip
-        with serve_in_thread(create_app(cfg)) as gw:
-            yield gw, sims[1]
-    finally:
-        for s in sims:
-            if s.popen is not None and s.popen.poll() is None:
-                s.popen.send_signal(signal.SIGCONT)
-            s.kill()
-
-
 async def _stream(http: httpx.AsyncClient, gw: str, i: int, started: list[int], go: asyncio.Event) -> list[bytes]:
     body = {"model": MODEL, "stream": True, "max_tokens": TOKENS, "ignore_eos": True,
             "messages": [{"role": "user", "content": f"stream {i}"}]}  # fmt: skip
     events: list[bytes] = []
     async with http.stream("POST", gw + "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
-        buf = b""
-        async for chunk in resp.aiter_bytes():
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                if event.startswith(b"data:"):
-                    if not events:
-                        started[0] += 1
-                        if started[0] == STREAMS:
-                            go.set()
-                    events.append(event[5:].strip())
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            if not events:
+                started[0] += 1
+                if started[0] == STREAMS:
+                    go.set()
+            events.append(line[5:].strip().encode())
     return events
 
 
+@pytest.mark.parametrize("cluster", [{"read_timeout_s": 300, "idle_timeout_s": IDLE_S}], indirect=True)
 async def test_streams_on_a_stopped_replica_continue_on_the_survivor_within_the_bound(
-    hung_cluster: tuple[str, SimProcess],
+    cluster: tuple[str, SimProcess, SimProcess],
 ) -> None:
-    gw, victim = hung_cluster
+    gw, _, victim = cluster
     go, started = asyncio.Event(), [0]
     assert victim.popen is not None
     async with httpx.AsyncClient(timeout=BOUND_S) as http:
