@@ -22,10 +22,11 @@ from app.admission.step import fair_priority
 from app.attribution import Attribution
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
-from app.errors import GatewayError, UpstreamStatusError, bad_request
+from app.errors import GatewayError, UpstreamStatusError, bad_request, upstream_timeout
 from app.failure_budget import FailureBudget
 from app.kvcache.replies import assistant_message
 from app.relay import Continued, StreamRelay
+from app.routing.hang import HangGuard
 from app.routing.lease import Lease
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
@@ -128,7 +129,7 @@ class Dispatcher:
             lease = Lease(replica)
             try:
                 ctx.timing.upstream_start = time.perf_counter()
-                resp = await self.transport.send(route.replica, ctx.path, payload, headers, idle_s=idle_s)
+                resp = await self._send(replica, ctx.path, payload, headers, idle_s)
             except GatewayError as err:
                 tried.add(route.replica)
                 last = err
@@ -169,6 +170,25 @@ class Dispatcher:
         blame.exhausted()
         assert last is not None
         raise last
+
+    async def _send(
+        self, replica: ReplicaState, path: str, payload: bytes, headers: dict[str, str], idle_s: float | None
+    ) -> UpstreamResponse:
+        """The transport's send; a stream's silence is bounded by idle_s, a whole body's wait by the replica's
+        health (app/routing/hang.py): a hung replica's attempt ends as a timeout, and is retried."""
+        if idle_s is not None:
+            return await self.transport.send(replica.url, path, payload, headers, idle_s=idle_s)
+        guard = HangGuard(replica, self.cfg.upstream.idle_timeout_s)
+        try:
+            return await self.transport.send(replica.url, path, payload, headers)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not guard.fired or task is None:
+                raise
+            task.uncancel()
+            raise upstream_timeout(f"upstream {replica.url} stopped answering its probes during the request") from None
+        finally:
+            guard.close()
 
     def _repeated(self, ctx: RequestContext, err: UpstreamStatusError) -> Complete:
         """The answer to a body two replicas failed the same way: the engine's status and error, in the API's
