@@ -26,7 +26,7 @@ from app.errors import GatewayError, UpstreamStatusError, bad_request, upstream_
 from app.failure_budget import FailureBudget
 from app.kvcache.replies import assistant_message
 from app.relay import Continued, StreamRelay
-from app.routing.hang import HangGuard
+from app.routing.hang import HangWatch
 from app.routing.lease import Lease
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
@@ -72,6 +72,7 @@ class Dispatcher:
         self._sleep = sleep
         self._clock = clock  # the scraper's clock: in-band reports and scrapes are ordered on it
         self.failures = FailureBudget(cfg.upstream.failure_budget, clock)
+        self._hangs = HangWatch(cfg.upstream.idle_timeout_s)
         # Per pool: the load-report format to ask for, None where the pool turned it off.
         self._ask_load = {
             name: pool.load_report.format if pool.load_report.enabled else None for name, pool in cfg.pools.items()
@@ -178,17 +179,19 @@ class Dispatcher:
         health (app/routing/hang.py): a hung replica's attempt ends as a timeout, and is retried."""
         if idle_s is not None:
             return await self.transport.send(replica.url, path, payload, headers, idle_s=idle_s)
-        guard = HangGuard(replica, self.cfg.upstream.idle_timeout_s)
+        task = self._hangs.enter(replica)
         try:
-            return await self.transport.send(replica.url, path, payload, headers)
+            resp = await self.transport.send(replica.url, path, payload, headers)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not guard.fired or task is None:
+            if not self._hangs.leave(task) or task is None:
                 raise
             task.uncancel()
             raise upstream_timeout(f"upstream {replica.url} stopped answering its probes during the request") from None
-        finally:
-            guard.close()
+        except BaseException:
+            self._hangs.leave(task)
+            raise
+        self._hangs.leave(task)
+        return resp
 
     def _repeated(self, ctx: RequestContext, err: UpstreamStatusError) -> Complete:
         """The answer to a body two replicas failed the same way: the engine's status and error, in the API's
