@@ -4,7 +4,7 @@ replicas: an attempt whose replica the probes have taken out (a SIGSTOPped or we
 is cancelled, to be retried elsewhere as a timeout, instead of waiting `upstream.read_timeout_s`.
 
 One timer per dispatcher, running only while attempts wait; an attempt costs a dict entry: enter + leave measured
-1.6-2.6 µs against 10-12 µs for arming and cancelling a timer per attempt (best of 5 × 100k, one process, the
+1.6-2.6 µs against 10-12 µs for arming and cancelling a timer per attempt (best of 5 runs of 100k, one process, the
 shared 2-core machine at load average 11).
 """
 
