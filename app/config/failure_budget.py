@@ -5,14 +5,14 @@ Self-contained (no import of app.config) so UpstreamConfig mounts it with one li
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.config.types import StrictModel
 
 
-class FailureBudgetConfig(BaseModel):
+class FailureBudgetConfig(StrictModel):
     """Upstream failures a caller may cause (a token bucket per tenant and per client address); past it, that
     caller's requests are refused (429 in their API's envelope) without touching a replica."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(True, description="Refuse callers whose requests keep failing upstream.")
     tenant_burst: int = Field(20, ge=1, description="Failures one tenant may cause at once before refusals start.")
