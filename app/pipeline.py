@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -24,6 +24,7 @@ from app.context import RequestContext, Tenant
 from app.dispatch import Complete, Dispatcher, StreamRelay
 from app.errors import GatewayError
 from app.headers import API_KEY, LIMIT, NORMALIZE_OPT_OUT, NORMALIZED, REQUEST_ID, ROUTE
+from app.kvcache.hashers import BlockHashers
 from app.kvcache.replies import ReplyLearner
 from app.kvcache.subscriber import EventSource, KvEventsHub
 from app.kvcache.tokens import ChatRenderError
@@ -34,7 +35,7 @@ from app.prewarm.memory import PrefixMemory
 from app.prewarm.warmer import Prewarmer
 from app.routing.classify import classify
 from app.routing.discovery import Discoverer
-from app.routing.kv_events import KvEventsParams
+from app.routing.engine_read import Disagreements
 from app.routing.peer_load import PeerLoad
 from app.routing.prefix_key import routing_key
 from app.routing.response_affinity import Holder, ResponseRoutes
@@ -51,9 +52,6 @@ from app.telemetry.queue_metrics import register_queue_metrics
 from app.telemetry.replica_metrics import register_replica_metrics
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
-
-if TYPE_CHECKING:
-    from app.kvcache.tokens import RequestBlocks
 
 
 @dataclass(slots=True)
@@ -94,7 +92,8 @@ class Gateway:
         self.shared_learning = SharedLearning.for_config(cfg, self.memory, self.store)
         self.kv_hub = _kv_hub(cfg)
         self.cluster = ClusterState.from_config(cfg, kv_hub=self.kv_hub)
-        self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
+        self.disagreements = Disagreements()  # config vs what the replicas publish (app/routing/engine_read.py)
+        self._hashers = BlockHashers(cfg, self.kv_hub, lambda: self.cluster, self.disagreements)
         self.replies = ReplyLearner(self._hashers)
         self.discoverer = Discoverer.for_config(cfg, self._rediscovered)
         # A replica that becomes healthy replays the top stable prefixes it will serve before it joins.
@@ -122,6 +121,7 @@ class Gateway:
         self.scraper = Scraper(
             self.cluster, self.session, self.cfg.routing, on_scrape=self._on_scrape if self.queues else None,
             on_health=self.prewarmer.on_health if self.prewarmer is not None else None,
+            disagreements=self.disagreements,
         )  # fmt: skip
         await self.registry.load()
         if self.shared_learning is not None:  # before serving: a new replica starts with what others learned
@@ -379,22 +379,3 @@ def _kv_hub(cfg: GatewayConfig) -> KvEventsHub | None:
     sources = _event_sources(cfg)
     discovered = any(p.discovery is not None and p.discovery.kv_events is not None for p in cfg.pools.values())
     return KvEventsHub(sources) if sources or discovered else None
-
-
-def _block_hashers(cfg: GatewayConfig) -> dict[str, RequestBlocks]:
-    """Per model: the hasher of its first kv_events pool that names a tokenizer folder."""
-    from app.kvcache.tokens import RequestBlocks  # needs the `kv` extra (tokenizers, jinja2)
-
-    by_folder: dict[tuple[str, int], RequestBlocks] = {}
-    out: dict[str, RequestBlocks] = {}
-    for model in cfg.models:
-        for name in model.pools:
-            pool = cfg.pools[name]
-            policy = pool.effective_policy()
-            if isinstance(policy, KvEventsParams) and pool.tokenizer is not None:
-                k = (pool.tokenizer, policy.block_size)
-                if k not in by_folder:
-                    by_folder[k] = RequestBlocks(pool.tokenizer, policy.block_size)
-                out[model.name] = by_folder[k]
-                break
-    return out

@@ -28,14 +28,25 @@ if TYPE_CHECKING:
 
 
 class KvEventsParams(BaseModel):
-    """`policy: {type: kv_events, block_size: 128, load_tokens: 512}`."""
+    """`policy: {type: kv_events, load_tokens: 512}` (block size and hash algorithm: what the replicas publish)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     type: Literal["kv_events"] = "kv_events"
-    # vLLM's --block-size (16 on GPUs; vLLM-CPU uses 128).
-    block_size: int = Field(16, ge=1)
-    # Prefill-equivalent tokens one request waiting ahead in the engine's queue costs.
-    load_tokens: int = Field(512, ge=0)
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="Override of vLLM's KV block size in tokens (16 on GPUs, 128 on vLLM-CPU). Unset: read per "
+        "replica from its BlockStored events and /metrics vllm:cache_config_info; a value that disagrees with "
+        "them is logged once and counted (gateway_engine_config_mismatches_total).",
+    )
+    hash_algo: Literal["sha256", "sha256_cbor"] | None = Field(
+        None,
+        description="Override of vLLM's --prefix-caching-hash-algo. Unset: read from /metrics "
+        "vllm:cache_config_info (prefix_caching_hash_algo), sha256_cbor while no replica has said.",
+    )
+    load_tokens: int = Field(
+        512, ge=0, description="Prefill-equivalent tokens one request waiting ahead in the engine's queue costs."
+    )
 
 
 class BlockView(Protocol):
@@ -64,7 +75,6 @@ class KvEvents:
     name = "kv_events"
 
     def __init__(self, params: KvEventsParams, hub: BlockView, fallback: Policy) -> None:
-        self.block_size = params.block_size
         self.load_tokens = params.load_tokens
         self.hub = hub
         self.fallback = fallback
@@ -79,8 +89,10 @@ class KvEvents:
             sel = self.fallback.select(candidates, key)
             return Selection(sel.chosen, sel.runner_up, "kv_fallback")
         n_tokens = blocks.n_tokens
+        # The hashes' block size is the replicas' (app.kvcache.hashers resolves it before hashing).
+        bs = blocks.block_size
         # vLLM always recomputes the last prompt token: at most (n-1)//block_size blocks can hit.
-        max_hit = max((n_tokens - 1) // self.block_size, 0)
+        max_hit = max((n_tokens - 1) // bs, 0)
         best: tuple[int, int] | None = None
         second: tuple[int, int] | None = None
         best_i = second_i = -1
@@ -91,7 +103,7 @@ class KvEvents:
             load = r.in_flight + r.external
             cap = r.capacity
             over = (load + 1 - cap if load + 1 > cap else 0) if cap else r.queued()
-            cost = n_tokens - hit * self.block_size + self.load_tokens * over + load
+            cost = n_tokens - hit * bs + self.load_tokens * over + load
             rank = (cost, ((key ^ r.hash) * GOLDEN64) & MASK64)
             if best is None or rank < best:
                 second, second_i = best, best_i
@@ -102,4 +114,4 @@ class KvEvents:
         hit = hits[best_i]
         hub.note_request(chosen.url, len(blocks.hashes) - hit)
         runner_up = candidates[second_i] if second_i >= 0 else None
-        return Selection(chosen, runner_up, "kv_hit" if hit else "kv_cold", hit * self.block_size)
+        return Selection(chosen, runner_up, "kv_hit" if hit else "kv_cold", hit * bs)
