@@ -130,7 +130,7 @@ class Gateway:
         if self.prewarmer is not None:
             await self.prewarmer.start()
         await self.scraper.start()
-        register_replica_metrics(self.telemetry.meter, lambda: self.cluster)
+        register_replica_metrics(self.telemetry.meter, lambda: self.cluster, self.disagreements)
         if self.peer_load is not None:
             self._background.append(asyncio.create_task(self.peer_load.run(), name="kvgate-peer-load"))
         if self.discoverer is not None:

@@ -30,7 +30,15 @@ class AdmissionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = False
+    enabled: bool | None = Field(
+        None,
+        description="Fair admission in front of this pool. Unset (the default): on while the pool serves more "
+        "than one tenant (a request of each within tenant_window_s), a pass-through otherwise; true: always "
+        "on; false: off. It only ever holds requests while the pool is saturated.",
+    )
+    tenant_window_s: float = Field(
+        60.0, gt=0, description="With enabled unset: how long a tenant counts as served after its last request."
+    )
     # A replica is saturated when this many requests wait in its engine queue (vllm:num_requests_waiting,
     # moved by the gateway's own sends since the scrape). A request that merely arrived between two engine
     # steps shows up there for one step, so 1 would engage on noise below saturation.

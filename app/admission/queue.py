@@ -26,6 +26,7 @@ from app.admission.limit import learn_capacity, next_limit
 from app.admission.pace import EventRate, demand_reserve, pace_gap_s
 from app.admission.prefill import PrefillGate
 from app.admission.saturation import ReplicaLoad, Saturation, assess
+from app.admission.tenants import ActiveTenants
 from app.admission.ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
 from app.admission.vtc import Entry, VirtualTokenCounter
 
@@ -91,6 +92,8 @@ class AdmissionQueue:
         self._pace_timer: object | None = None
         self._pace_due = 0.0  # when the latest armed pace timer fires
         self._prefills = PrefillGate(cfg.first_token_hold_s)  # watched over-share starts without a first token
+        # enabled unset: fair only while more than one tenant is served (app.admission.tenants)
+        self._tenants = ActiveTenants(cfg.tenant_window_s) if cfg.enabled is None else None
         # --- metrics and state, read-only for others ---
         self.in_flight = 0  # tickets granted and not released
         self.in_flight_tokens = 0  # their predicted tokens
@@ -124,7 +127,8 @@ class AdmissionQueue:
     def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, *,
                   watch_first_token: bool = False) -> Ticket | None:  # fmt: skip
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
-        if not self.cfg.enabled:
+        tenants = self._tenants  # None unless enabled is unset: then a pass-through while one tenant is served
+        if self.cfg.enabled is False or (tenants is not None and not tenants.arrived(tenant, self._clock())):
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
         if self.limit is None and self.capacity is not None and self.in_flight >= self.capacity:
             # The engines hold no more: another request would wait in their first-come first-served queue
@@ -156,7 +160,9 @@ class AdmissionQueue:
         """Re-assess saturation from the pool's replicas in rotation (call after each scrape); may release waiters."""
         sat = assess(replicas, self.cfg, self.in_flight_tokens)
         self.saturation = sat
-        if self.cfg.enabled:
+        if self._tenants is not None:
+            self._tenants.prune(self._clock())
+        if self.cfg.enabled is not False:
             self.capacity = learn_capacity(self.capacity, sat)
             self.limit = next_limit(self.limit, self.in_flight, len(self._sched), sat, self.cfg, self.capacity)
             self.reserve = self._demand_reserve(sat.replicas)
@@ -274,7 +280,7 @@ class AdmissionQueue:
         if delta == 0:
             return
         self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + delta
-        if self.cfg.enabled:
+        if self.cfg.enabled is not False:
             self._sched.charge(tenant, delta)
 
     def _enqueue(self, w: _Waiter) -> None:

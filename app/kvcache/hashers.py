@@ -67,10 +67,6 @@ class BlockHashers:
         self._bases: dict[str, RequestBlocks] = {}
         self._variants: dict[tuple[str, int, str], RequestBlocks] = {}
         self._refusals: dict[str, str] = {}
-        if hub is None:
-            return
-        from app.kvcache.tokens import RequestBlocks  # needs the `kv` extra (tokenizers, jinja2)
-
         for model in cfg.models:
             kv = [n for n in model.pools if isinstance(cfg.pools[n].effective_policy(), KvEventsParams)]
             first = next((n for n in kv if cfg.pools[n].tokenizer is not None), None)
@@ -80,13 +76,15 @@ class BlockHashers:
             policy = pool.effective_policy()
             assert isinstance(policy, KvEventsParams) and pool.tokenizer is not None
             self._plans[model.name] = _Plan(tuple(kv), pool.tokenizer, policy.block_size, policy.hash_algo)
-            if pool.tokenizer not in self._bases:
+            if hub is not None and pool.tokenizer not in self._bases:  # no events, no hashing (check-config)
+                from app.kvcache.tokens import RequestBlocks  # needs the `kv` extra (tokenizers, jinja2)
+
                 self._bases[pool.tokenizer] = RequestBlocks(pool.tokenizer, policy.block_size or 16)
 
     def get(self, model: str) -> RequestBlocks | None:
         """The hasher for `model` at its replicas' block size and algorithm (None: not known, or they disagree)."""
         plan = self._plans.get(model)
-        if plan is None:
+        if plan is None or plan.folder not in self._bases:
             return None
         resolved = self._resolve(model, plan)
         if resolved is None:
@@ -102,6 +100,10 @@ class BlockHashers:
         """The block size and algorithm `model` is hashed with now (None: not hashed)."""
         plan = self._plans.get(model)
         return self._resolve(model, plan) if plan is not None else None
+
+    def models(self) -> list[str]:
+        """Models with a kv_events pool that names a tokenizer."""
+        return list(self._plans)
 
     def _resolve(self, model: str, plan: _Plan) -> tuple[int, HashAlgo] | None:
         sizes: dict[int, list[str]] = {}

@@ -77,6 +77,8 @@ class GenerationEndpoint:
             pool = st.engine.pool
             if -(-len(gen.prompt_ids) // pool.block_size) > pool.num_blocks:
                 raise SimHTTPError(400, "The prompt does not fit in the KV cache.", "BadRequestError", "messages")
+            if st.spec_enabled and (_num_set(body, "min_p", 0.0) or body.get("logit_bias")):
+                raise SimHTTPError(400, SPEC_UNSUPPORTED_MESSAGE, "BadRequestError", None)  # as vLLM 0.32 answers
         except SimHTTPError as e:
             await send_whole(send, e.status, e.body(), out_headers)
             return
@@ -181,6 +183,16 @@ class GenerationEndpoint:
             sender.write({"type": "http.response.body", "body": body, "more_body": not final})
 
         return sink
+
+
+SPEC_UNSUPPORTED_MESSAGE = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+
+
+def _num_set(body: dict[str, Any], name: str, neutral: float) -> bool:
+    v = body.get(name)
+    return isinstance(v, int | float) and not isinstance(v, bool) and v != neutral
 
 
 class _SimStarlette(Starlette):
