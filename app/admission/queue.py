@@ -17,6 +17,7 @@ service share per tenant, rejections.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -205,8 +206,12 @@ class AdmissionQueue:
     # ---------------------------------------------------------------------------------------------- inside
     def _demand_reserve(self, replicas: int) -> int:
         cfg, now, n = self.cfg, self._clock(), max(1, replicas)
+        # Never more than a fraction of the cap: on a pool of 4 slots a reserve of 4 left the flood one slot.
+        ceiling = cfg.reserve_max_per_replica * n
+        if self.limit is not None:
+            ceiling = min(ceiling, math.ceil(self.limit * cfg.reserve_max_fraction))
         return demand_reserve(self._under_arrivals.per_s(now), self._releases.per_s(now), cfg.reserve_miss,
-                              cfg.reserve_per_replica * n, cfg.reserve_max_per_replica * n)  # fmt: skip
+                              cfg.reserve_per_replica * n, ceiling)  # fmt: skip
 
     def _room(self, tenant: str, tokens: int) -> bool:
         limit = self.limit
@@ -223,12 +228,12 @@ class AdmissionQueue:
         return cap is None or self.in_flight == 0 or self.in_flight_tokens + tokens <= cap
 
     def _under_share(self, tenant: str, limit: int) -> bool:
-        """Fewer slots than its weighted share of `limit`, counting one more tenant than those active (requests
-        out or waiting): the reserve is for whoever is not using its share yet, even a flood's only neighbour."""
+        """Fewer slots than its weighted share of `limit` among the tenants active (requests out or waiting), one
+        more counted while only one is: the reserve is then for whoever comes next, even a flood's only neighbour."""
         sched = self._sched
         active = set(self.tenant_in_flight).union(sched.backlogged())
         active.add(tenant)
-        total_w = sum(sched.weight(t) for t in active) + self.cfg.default_weight
+        total_w = sum(sched.weight(t) for t in active) + (self.cfg.default_weight if len(active) == 1 else 0.0)
         return self.tenant_in_flight.get(tenant, 0) * total_w < limit * sched.weight(tenant)
 
     def _over_share_held_until(self) -> float:
