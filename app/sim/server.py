@@ -221,10 +221,9 @@ def create_sim_app(options: SimOptions) -> Starlette:
         "num_gpu_blocks": str(pool.num_blocks),
         "kv_cache_size_tokens": str(pool.num_blocks * pool.block_size),
         "prefix_caching_hash_algo": pool.hash_algo,
-        # vLLM 0.32 has no max_num_seqs label here (only /server_info in dev mode shows it): the sim adds it,
-        # a label a real replica lacks, so a reader must fall back to its config for vLLM.
-        "max_num_seqs": str(st.sched_config.max_num_seqs),
     }
+    if options.publish_max_num_seqs:  # vLLM 0.32 has no such label (only /server_info in dev mode shows it)
+        cache_info["max_num_seqs"] = str(st.sched_config.max_num_seqs)
 
     async def health(_: Request) -> Response:
         return Response(status_code=200 if st.engine.healthy else 503)
