@@ -166,19 +166,28 @@ class PoolConfig(_Strict):
     replica_events: dict[str, ReplicaEvents] = Field(default_factory=dict)
     # An HF-like folder (tokenizer.json, tokenizer_config.json with the chat template) for exact block hashes.
     tokenizer: str | None = None
-    # vLLM's --max-num-seqs: requests beyond it queue in the engine, whatever the last scrape said.
-    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(
+        None, ge=1,
+        description="Override of the replicas' --max-num-seqs (requests beyond it queue in the engine, whatever "
+        "the last scrape said). Unset: what a replica publishes (vllm:cache_config_info max_num_seqs, which vLLM "
+        "0.32 does not publish: then unknown, and the admission queue learns it from full scrapes).",
+    )  # fmt: skip
     policy: PolicySpec | None = None
     price: PriceConfig
     # vLLM started with --scheduling-policy priority: the gateway then sends `priority` per class.
     priority_scheduling: bool = False
     ttft_slo_ms: float = Field(500, gt=0)
-    # vLLM started with a --speculative-config (draft or ngram): it refuses some sampling parameters.
-    speculative: bool = False
-    # Top-level request fields this pool cannot serve; a request that sets one goes to a pool of its
-    # model that can (app/routing/capability.py). Default: SPECULATIVE_UNSUPPORTED on a speculative pool.
+    speculative: bool = Field(
+        False,
+        description="Override: the pool's vLLM runs a --speculative-config (it then refuses min_p and logit_bias, "
+        "unless unsupported_params says otherwise). Unset: each replica's /metrics says (vllm:spec_decode_* "
+        "series), and a speculating replica's pool refuses min_p and logit_bias; a contradiction is logged once.",
+    )
     unsupported_params: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
-        default_factory=list
+        default_factory=list,
+        description="Top-level request fields this pool cannot serve, beyond what its engines' publishing implies; "
+        "a request that sets one goes to a pool of its model that can (app/routing/capability.py). With "
+        "speculative set, exactly this list (default: min_p, logit_bias on a speculative pool).",
     )
     # The fair admission queue in front of this pool (app/admission): engages only while the pool is saturated.
     admission: AdmissionConfig = AdmissionConfig()

@@ -1,8 +1,8 @@
 """Capability-aware routing: a request that sets a parameter a pool cannot serve goes to a pool that can.
 
-A pool refuses the top-level request fields its engines refuse: what they publish (a replica whose /metrics
-has `vllm:spec_decode_*` series speculates, so it refuses vLLM's `min_p`, `logit_bias`; app/routing/engine_info.py),
-unless the config says (`pools.<p>.unsupported_params`, or `speculative`, which defaults the list).
+A pool refuses the top-level request fields its config lists (`pools.<p>.unsupported_params`) and those its
+engines refuse by what they publish (a replica whose /metrics has `vllm:spec_decode_*` series speculates, so it
+refuses vLLM's `min_p`, `logit_bias`; app/routing/engine_info.py) unless the config says `speculative`.
 Before spill-over and failover, pick narrows the model's pools to those that can serve the body: when the
 class's home pool cannot, the first other pool that can becomes the target and the pick reason says why
 (`capability:<param>`, in `x-kvgate-route`); a pool that cannot serve the body is never a spill or failover

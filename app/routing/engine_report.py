@@ -28,8 +28,9 @@ def replica_line(pool: PoolState, r: ReplicaState) -> str:
     if cfg.max_num_seqs is not None:
         overrides.append(f"max_num_seqs={cfg.max_num_seqs}")
     if pool.declares_capabilities():
-        said = "speculative" if "speculative" in cfg.model_fields_set else "unsupported_params"
-        overrides.append(f"{said} (unsupported_params=[{', '.join(cfg.unsupported_params)}])")
+        overrides.append(f"speculative={cfg.speculative}")
+    if cfg.unsupported_params:
+        overrides.append(f"unsupported_params=[{', '.join(cfg.unsupported_params)}]")
     policy = cfg.effective_policy()
     if isinstance(policy, KvEventsParams):
         overrides += [f"{k}={v}" for k in ("block_size", "hash_algo") if (v := getattr(policy, k)) is not None]

@@ -306,15 +306,15 @@ class PoolState:
         self.refresh_capabilities()
 
     def declares_capabilities(self) -> bool:
-        """Whether the config says what the pool refuses (`unsupported_params` or `speculative` set): an override."""
-        return bool({"unsupported_params", "speculative"} & self.cfg.model_fields_set)
+        """Whether the config says whether the pool speculates (`speculative` set): an override of its engines."""
+        return "speculative" in self.cfg.model_fields_set
 
     def refresh_capabilities(self) -> None:
-        """Recompute what the pool refuses: the config's list, else every field a replica's engine refuses."""
-        if self.declares_capabilities():
-            self.unsupported_params = tuple(self.cfg.unsupported_params)
-            return
-        refused = dict.fromkeys(p for r in self.replicas for p in r.engine.unsupported_params())
+        """Recompute what the pool refuses: the config's `unsupported_params`, plus, unless the config says
+        `speculative`, every field a replica's engine refuses by what it publishes."""
+        refused = dict.fromkeys(self.cfg.unsupported_params)
+        if not self.declares_capabilities():
+            refused.update(dict.fromkeys(p for r in self.replicas for p in r.engine.unsupported_params()))
         self.unsupported_params = tuple(refused)
 
     def candidates(self, exclude: frozenset[str] = frozenset()) -> list[ReplicaState]:

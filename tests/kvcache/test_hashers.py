@@ -28,7 +28,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     path = tmp_path_factory.mktemp("tok")
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS + ["user", "assistant", "system"])}}
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate([*WORDS, "user", "assistant", "system"])}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])

@@ -45,11 +45,10 @@ def test_info_labels_reads_quoted_values_with_escapes() -> None:
     assert info_labels(text, "vllm:other_info{") is None
 
 
-def test_a_speculating_engine_refuses_min_p_and_logit_bias_and_on_vllm_cpu_top_k() -> None:
-    gpu = EngineInfo(speculative=True, version="0.32.0")
-    cpu = EngineInfo(speculative=True).merged(from_version({"version": "0.32.0+cpu"}))
-    assert gpu.unsupported_params() == ("min_p", "logit_bias")
-    assert cpu.unsupported_params() == ("min_p", "logit_bias", "top_k")
+def test_a_speculating_engine_refuses_min_p_and_logit_bias() -> None:
+    info = EngineInfo(speculative=True).merged(from_version({"version": "0.32.0"}))
+    assert info.unsupported_params() == ("min_p", "logit_bias") and info.version == "0.32.0"
+    assert EngineInfo(speculative=False).unsupported_params() == EngineInfo().unsupported_params() == ()
 
 
 def test_models_body_gives_max_model_len_of_the_served_model_only() -> None:
@@ -97,15 +96,24 @@ def test_the_config_overrides_what_replicas_publish_and_a_contradiction_is_noted
     assert reader.disagreements.counts() == {("fast", "speculative"): 1, ("fast", "max_num_seqs"): 1}
 
 
+def test_configured_unsupported_params_add_to_what_the_engine_implies() -> None:
+    # config/local.yaml's fast pool: top_k crashes vLLM-CPU's ngram path, which nothing published tells.
+    cluster = ClusterState.from_config(_cfg({"unsupported_params": ["top_k"]}))
+    fast = cluster.pools["fast"]
+    assert fast.unsupported_params == ("top_k",)
+    EngineReader(cluster).on_metrics(fast.replicas[0], (FIXTURES / "vllm_0_32_fast_metrics.txt").read_text())
+    assert fast.unsupported_params == ("top_k", "min_p", "logit_bias")
+
+
 # -- through the gateway, against sims: the only marking of the speculative pool is what its engine publishes
 
 
 @pytest.fixture
 def unmarked_pools() -> Iterator[str]:
-    with running_sim(model="s", speculative="ngram:3:0.6") as fast, running_sim(model="s") as bulk:
-        with running_gateway(_cfg({}, (fast, bulk))) as gw:
-            _wait_for(gw, 'gateway_engine_speculative{pool="fast"')
-            yield gw
+    with running_sim(model="s", speculative="ngram:3:0.6") as fast, running_sim(model="s") as bulk, \
+            running_gateway(_cfg({}, (fast, bulk))) as gw:  # fmt: skip
+        _wait_for(gw, 'gateway_engine_speculative{pool="fast"')
+        yield gw
 
 
 def _wait_for(gw: str, needle: str) -> None:
