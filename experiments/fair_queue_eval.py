@@ -18,9 +18,8 @@ and a `kvgate serve` in front of them (one bulk pool, tenants light and heavy) a
   alone / no_queue      the pool as today (admission off)
   priority              the pool has priority_scheduling, sims --scheduling-policy priority, the light tenant's
                         default_class is interactive (priority 0) and the heavy one's bulk (10)
-  default               what a new user configures: no admission key (the queue is on by default with two
-                        tenants), no max_num_seqs (the sims publish it); every other arm but fair_queue* runs
-                        with admission: {enabled: false}
+  default               the pool without an admission key (the queue is on by default with two tenants);
+                        every other arm but fair_queue* runs with admission: {enabled: false}
   fair_queue            pools.bulk.admission enabled (--reserve slots per replica)
   fair_queue_priority   fair_queue on priority-scheduling sims: the queue releases in fair order and a request
                         started over its tenant's fair share is sent with a lower priority (10 -> 15)
@@ -517,8 +516,8 @@ def arm_gateway_config(args: argparse.Namespace, name: str, urls: Sequence[str])
                                "max_num_seqs": args.max_num_seqs, "priority_scheduling": priority}  # fmt: skip
     if "fair_queue" in name:
         pool["admission"] = queue_config(args, name).model_dump()
-    elif name == "default":  # what a new user writes: no admission key, no max_num_seqs (the sims publish it)
-        del pool["max_num_seqs"]
+    elif name == "default":  # the same pool without an admission key: the queue is on by default (two tenants)
+        pass
     else:  # the other arms measure the engine without the gateway's queue
         pool["admission"] = {"enabled": False}
     # Only the priority-alone arm tells vLLM who is light (the operator must know in advance).
