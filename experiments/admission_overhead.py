@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-import orjson
+import overhead
 import yaml
 from overhead import PY, ROOT, cpu_seconds, start
 from procs import Proc, free_port
@@ -50,27 +49,9 @@ def gateway_config(upstream: str, admission: dict[str, object] | None) -> dict[s
 
 
 async def load(url: str, concurrency: int, seconds: float) -> tuple[int, int]:
-    """Closed loop, workers alternating the two tenants' keys; (ok, errors)."""
-    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16})
-    ok = errors = 0
-    stop_at = time.perf_counter() + seconds
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-
-        async def worker(key: str) -> None:
-            nonlocal ok, errors
-            headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
-            while time.perf_counter() < stop_at:
-                try:
-                    async with s.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
-                        await r.read()
-                        good = r.status == 200
-                except aiohttp.ClientError:
-                    good = False
-                ok += good
-                errors += not good
-
-        await asyncio.gather(*(worker(KEYS[i % 2]) for i in range(concurrency)))
-    return ok, errors
+    """Closed loop, half the workers each tenant's (overhead.py's loop, one per key); (ok, errors)."""
+    runs = await asyncio.gather(*(overhead.load(url, False, 16, concurrency // 2, seconds, k) for k in KEYS))
+    return sum(n for n, _, _ in runs), sum(e for _, _, e in runs)
 
 
 def main() -> int:
