@@ -44,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
     if workers != 1:
         from app.workers import serve_workers  # N processes on one port (SO_REUSEPORT), each the path below
 
-        return serve_workers(cfg, args.config, host, port, args.log_level, workers)
+        return serve_workers(serve_app, cfg, args.config, host, port, args.log_level, workers)
     return serve_app(cfg, host, port, args.log_level)
 
 
@@ -120,7 +120,7 @@ async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object, worke
         await asyncio.sleep(_PROBE_POLL_S)
     workers = f" - {worker.count} workers" if worker is not None else ""
     print(ready_line(url, cfg, replicas) + workers, flush=True)
-    from app.routing.engine_report import startup_lines
+    from app.engine_report import startup_lines
 
     for line in startup_lines(getattr(getattr(getattr(app, "api", app), "state", None), "gateway", None)):
         print(line, flush=True)
@@ -170,7 +170,7 @@ def _check_config(args: argparse.Namespace) -> int:
     pools = ", ".join(f"{n} ({p.role}, {_replicas_said(p)})" for n, p in cfg.pools.items())
     print(f"ok: {len(cfg.models)} model(s), pools: {pools}, {len(cfg.tenants)} tenant(s)")
     if args.probe:  # what each replica publishes, what the config overrides, what disagrees
-        from app.routing.engine_report import probe
+        from app.engine_report import probe
 
         for line in asyncio.run(probe(cfg)):
             print(line)

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast, get_args
 
+from app.config.policies import KvEventsParams
 from app.kvcache.hashing import HashAlgo
 from app.routing.engine_read import Disagreements
-from app.routing.kv_events import KvEventsParams
 
 if TYPE_CHECKING:
     from app.config import GatewayConfig

@@ -15,38 +15,14 @@ pick fall back to prefix affinity for that request: a partial index would call a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from app.config.policies import KvEventsParams
 from app.routing.hashing import GOLDEN64, MASK64
-from app.routing.policy import Policy, Selection
+from app.routing.policy import Policy, R, Selection
 
 if TYPE_CHECKING:
-    from app.kvcache.tokens import PromptBlocks
-    from app.routing.state import ReplicaState
-
-
-class KvEventsParams(BaseModel):
-    """`policy: {type: kv_events, load_tokens: 512}` (block size and hash algorithm: what the replicas publish)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["kv_events"] = "kv_events"
-    block_size: int | None = Field(
-        None,
-        ge=1,
-        description="Override of vLLM's KV block size in tokens (16 on GPUs, 128 on vLLM-CPU). Unset: read per "
-        "replica from its BlockStored events and /metrics vllm:cache_config_info; a value that disagrees with "
-        "them is logged once and counted (gateway_engine_config_mismatches_total).",
-    )
-    hash_algo: Literal["sha256", "sha256_cbor"] | None = Field(
-        None,
-        description="Override of vLLM's --prefix-caching-hash-algo. Unset: read from /metrics "
-        "vllm:cache_config_info (prefix_caching_hash_algo), sha256_cbor while no replica has said.",
-    )
-    load_tokens: int = Field(
-        512, ge=0, description="Prefill-equivalent tokens one request waiting ahead in the engine's queue costs."
-    )
+    from app.records import PromptBlocks
 
 
 class BlockView(Protocol):
@@ -80,8 +56,8 @@ class KvEvents:
         self.fallback = fallback
 
     def select(
-        self, candidates: Sequence[ReplicaState], key: int, blocks: PromptBlocks | None = None
-    ) -> Selection:
+        self, candidates: Sequence[R], key: int, blocks: PromptBlocks | None = None
+    ) -> Selection[R]:
         """The cheapest replica by expected prefill + queueing; the runner-up is the second cheapest."""
         hub = self.hub
         if blocks is None or not blocks.hashes or not all(hub.is_whole(r.url) for r in candidates):

@@ -2,10 +2,10 @@
 
 import asyncio
 
-from app.admission.config import AdmissionConfig
 from app.admission.queue import AdmissionQueue
 from app.admission.step import build_queues
 from app.admission.tenants import ActiveTenants
+from app.config.admission import AdmissionConfig
 from tests.admission.fakes import FakeClock, FakeReplica
 
 FULL = [FakeReplica(waiting=4, running=8, capacity=8)]  # every slot taken and a queue in the engine

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.api.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from app.normalize import VolatilityMemory, normalize
+from app.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from tests.normalize.helpers import NOW, STATIC_SYSTEM, model, tenant
 
 
