@@ -102,6 +102,9 @@ def main() -> int:
                         agree += 1
                     else:
                         misses.append((int(route["cached"]), actual))
+                # One line per request as it comes: a slow machine's partial run still says what it saw.
+                print(f"  {arm} #{total}: predicted {route.get('cached', '-')}, vLLM cached {actual}, "
+                      f"pool {route.get('pool')}, pick {route.get('pick')}", flush=True)
                 time.sleep(args.pause_s)
             rows.append((arm, total, predicted, agree, cached_sum, misses[:5]))
     finally:
