@@ -22,7 +22,7 @@ def test_probe_reports_published_facts_overrides_and_disagreements() -> None:
             "pools": {"fast": {"role": "interactive", "served_model": "s", "replicas": [fast], "price": PRICE},
                       "bulk": {"role": "bulk", "served_model": "s", "replicas": [bulk], "price": PRICE,
                                "max_num_seqs": 8}},
-        }, env={})  # fmt: skip
+        })  # fmt: skip
         lines = asyncio.run(probe(cfg))
     fast_line = next(ln for ln in lines if ln.startswith(f"engine fast {fast}:"))
     assert "speculative=True, spec_tokens=3" in fast_line and "refuses min_p, logit_bias" in fast_line

@@ -44,7 +44,7 @@ def _cfg(folder: Path, policy: dict[str, Any] | None = None) -> GatewayConfig:
                             "tokenizer": str(folder)}  # fmt: skip
     if policy is not None:
         pool["policy"] = {"type": "kv_events", **policy}
-    return parse_config({"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool}}, env={})
+    return parse_config({"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool}})
 
 
 def _setup(cfg: GatewayConfig) -> tuple[BlockHashers, KvEventsHub, ClusterState]:

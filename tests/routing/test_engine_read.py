@@ -69,7 +69,7 @@ def _cfg(fast: dict[str, Any], replicas: tuple[str, str] = ("http://127.0.0.1:9"
                            **fast},
                   "bulk": {"role": "bulk", "served_model": "s", "replicas": [replicas[1]], "price": PRICE}},
         "auth": {"required": False}, "routing": {"allow_spill": False, "probe_interval_s": 0.2},
-    }, env={})  # fmt: skip
+    })  # fmt: skip
 
 
 def test_published_speculation_and_slots_apply_where_the_config_is_silent() -> None:
