@@ -171,8 +171,9 @@ class PoolConfig(StrictModel):
     tokenizer: str | None = Field(None, description=(
         "An HF-like folder (tokenizer.json, tokenizer_config.json with the chat template) for exact block hashes."))
     max_num_seqs: int | None = Field(None, ge=1, description=(
-        "vLLM's `--max-num-seqs`: requests beyond it queue in the engine, whatever the last scrape said; null: "
-        "what the engine publishes."))
+        "Override of the replicas' `--max-num-seqs` (requests beyond it queue in the engine, whatever the last "
+        "scrape said). Null: what a replica publishes (vllm:cache_config_info max_num_seqs, which vLLM 0.32 does "
+        "not publish: then unknown, and the admission queue learns it from full scrapes)."))
     policy: PolicySpec | None = Field(None, description=(
         "Routing policy: a name or `{type: <name>, ...parameters}` (below); null: `kv_events` where every replica "
         "declares its events and a `tokenizer` is named, else `prefix_affinity` (round robin for one replica)."))
@@ -183,13 +184,17 @@ class PoolConfig(StrictModel):
         "Time-to-first-token objective: when even the best replica's projected TTFT is above it, the pool counts "
         "as saturated (spill)."))
     speculative: bool = Field(False, description=(
-        "vLLM runs with a `--speculative-config` (draft or ngram): it refuses some sampling parameters."))
+        "Override: vLLM runs with a `--speculative-config` (it then refuses min_p and logit_bias, unless "
+        "unsupported_params says otherwise). Unset: each replica's /metrics says (vllm:spec_decode_* series), "
+        "and a speculating replica's pool refuses min_p and logit_bias; a contradiction is logged once."))
     unsupported_params: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
         default_factory=list, description=(
-            "Top-level request fields this pool cannot serve; a request that sets one goes to a pool of its model "
-            "that can. Default: `min_p`, `logit_bias` on a speculative pool, else none."))
+            "Top-level request fields this pool cannot serve, beyond what its engines' publishing implies; a "
+            "request that sets one goes to a pool of its model that can. With speculative set, exactly this list "
+            "(default: `min_p`, `logit_bias` on a speculative pool)."))
     admission: AdmissionConfig = Field(AdmissionConfig(), description=(
-        "The fair admission queue in front of this pool: engages only while the pool is saturated."))
+        "The fair admission queue in front of this pool: on by default while it serves more than one tenant; "
+        "engages only while the pool is saturated."))
     load_report: LoadReportSettings = Field(LoadReportSettings(), description="vLLM's in-band load header (ORCA).")
 
     _policy_object = field_validator("policy", mode="before")(classmethod(lambda cls, v: policy_object(v)))
