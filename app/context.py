@@ -89,6 +89,12 @@ class RouteDecision:
     target: PickedReplica | None = None  # set by pick (a ReplicaState); None only in records built outside routing
     cached_tokens: int | None = None  # prompt tokens the replica is predicted to reuse (kv_events)
     load_stamp: str | None = None  # which shared load snapshot decided, when routing.peer_load.route_header is on
+    session: str | None = None  # what named the session that decided (header, prompt_cache_key, metadata, history)
+
+    def suffix(self) -> str:
+        """The route header's tail: which session key decided, which load snapshot."""
+        out = f";session={self.session}" if self.session else ""
+        return out + (f";{self.load_stamp}" if self.load_stamp else "")
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from app.routing.lease import Lease
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
 from app.routing.retry import backoff_s
+from app.routing.session_key import SessionKey, session_key
 from app.routing.state import ClusterState, ReplicaState
 from app.surfaces.migration import Delivered, Migration
 from app.upstream import Transport, UpstreamResponse, forward_headers
@@ -78,6 +79,14 @@ class Dispatcher:
             name: pool.load_report.format if pool.load_report.enabled else None for name, pool in cfg.pools.items()
         }
 
+    def _session(self, ctx: RequestContext) -> SessionKey | None:
+        """The request's session (app/routing/session_key.py), salted as its routing key is."""
+        settings = self.cfg.routing.sessions
+        if not settings.enabled:
+            return None
+        salt = ctx.cache_salt or (ctx.tenant.id if ctx.tenant is not None else "")
+        return session_key(ctx.headers, ctx.body, ctx.prompt, salt, history=settings.history)
+
     async def run(self, ctx: RequestContext, model: ModelConfig, key: int) -> Complete | StreamRelay:
         """Send the request, failing over before the first byte; raises the last GatewayError when none answer."""
         retries = self.cfg.upstream.retries
@@ -102,11 +111,13 @@ class Dispatcher:
         last: GatewayError | None = None
         # A stream's bytes come steadily: silence this long is a hung replica. A whole body comes at the end.
         idle_s = self.cfg.upstream.idle_timeout_s if ctx.stream else None
+        session = self._session(ctx) if ctx.pinned is None else None
         for attempt in range(1, retries + 2):
             try:
                 route = self._pinned(ctx) if ctx.pinned is not None else pick(
                     model=model, decision=ctx.route_class, key=key, cluster=self.cluster,
                     cfg=self.cfg.routing, exclude=frozenset(tried), body=ctx.body, blocks=ctx.blocks,
+                    session=session,
                 )  # fmt: skip
             except GatewayError as err:
                 blame.exhausted()

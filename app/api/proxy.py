@@ -18,9 +18,10 @@ from starlette.types import Message, Receive, Scope, Send
 from app.api.parse import parse_request, request_id_from
 from app.errors import GatewayError, bad_request, too_large
 from app.gateway import Gateway
-from app.headers import REQUEST_ID
+from app.headers import API_KEY, REQUEST_ID
 from app.reply import Reply
 from app.surfaces import SURFACES, Surface
+from app.telemetry.rejections import log_rejection
 
 if TYPE_CHECKING:
     from app.api.server import ConnectionStats
@@ -121,6 +122,7 @@ class InferenceEndpoint:
         surface = SURFACES[scope["path"]]
         if scope["method"] != "POST":
             err = GatewayError(405, f"Method {scope['method']} not allowed; use POST.", code="method_not_allowed")
+            log_rejection(scope["path"], err.status, err.reason, None)
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         listen = gateway.cfg.listen
@@ -130,6 +132,7 @@ class InferenceEndpoint:
         except GatewayError as err:
             if err.status == 408 and self._stats is not None:
                 self._stats.timed_out("body")
+            log_rejection(scope["path"], err.status, err.reason, await _tenant_id(gateway, headers))
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         except asyncio.CancelledError:
@@ -160,6 +163,8 @@ class InferenceEndpoint:
         watcher = asyncio.create_task(watch_disconnect())
         try:
             reply = await gateway.handle(ctx)
+            if not ctx.upstream_called:  # a replica's own 4xx is relayed, not the gateway's to report
+                log_rejection(ctx.path, reply.status, ctx.error_type, ctx.tenant.id if ctx.tenant else None)
             await send_reply(
                 send, reply, lambda: state.__setitem__("done", True), lambda: state.__setitem__("started", True)
             )
@@ -205,6 +210,15 @@ async def _answer_failure(
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
         pass  # the client is gone: nothing left to tell it
+
+
+async def _tenant_id(gateway: Gateway, headers: dict[str, str]) -> str | None:
+    """Who sent a body refused before the tenancy stage, for the log line (None: no valid key)."""
+    try:
+        tenant = await gateway.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
+    except GatewayError:
+        return None
+    return tenant.id
 
 
 def _plain_error(surface: Surface, err: GatewayError, request_id: str) -> Reply:

@@ -14,13 +14,14 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from app.config.admission import AdmissionConfig
 from app.config.discovery import DiscoveryConfig
 from app.config.env import YamlEnvSource
-from app.config.failure_budget import FailureBudgetConfig
 from app.config.load_report import LoadReportSettings
 from app.config.peer_load import PeerLoadSettings
 from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams, RoundRobinParams, policy_object
 from app.config.prewarm import PrewarmConfig
+from app.config.sessions import SessionSettings
 from app.config.tenants import AuthConfig, TenantConfig
 from app.config.types import RouteClassName, StrictModel
+from app.config.upstream import UpstreamConfig
 
 # What vLLM's speculative-decoding path refuses ("not yet supported with speculative decoding").
 SPECULATIVE_UNSUPPORTED = ("min_p", "logit_bias")
@@ -242,31 +243,6 @@ class TelemetryConfig(StrictModel):
     metric_export_interval_s: float = Field(15, gt=0, description="Interval of the OTLP metric export.")
 
 
-class BackoffConfig(StrictModel):
-    """Between failover attempts: uniform in [0, min(cap_s, base_s * 2^(n-1))] (full jitter)."""
-
-    base_s: float = Field(0.05, ge=0, description="Backoff of the first retry.")
-    cap_s: float = Field(1.0, ge=0, description="Longest backoff.")
-
-
-class UpstreamConfig(StrictModel):
-    """Connections to the replicas: timeouts, sizes, retries."""
-
-    connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout to a replica.")
-    read_timeout_s: float = Field(300.0, gt=0, description="Longest wait for the next bytes of a replica's response.")
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
-    max_connections_per_replica: int = Field(512, ge=1, description="Connection pool size per replica.")
-    retries: int = Field(2, ge=0, le=5, description="Failover attempts on other replicas before the first byte.")
-    keepalive_timeout_s: float = Field(30.0, gt=0, description="An idle upstream connection is closed after this.")
-    backoff: BackoffConfig = Field(BackoffConfig(), description="Pause between failover attempts.")
-    max_migrations: int = Field(1, ge=0, le=3, description=(
-        "A chat stream whose replica fails midway continues on another replica this many times (0: never)."))
-    idle_timeout_s: float = Field(60.0, gt=0, description=(
-        "A stream whose replica sends nothing this long (a hung replica) fails that attempt: it migrates, or the "
-        "request is retried; a whole-body request's replica is checked this often for being out of rotation."))
-    failure_budget: FailureBudgetConfig = Field(FailureBudgetConfig(), description="Upstream failures per caller.")
-
-
 class BreakerSettings(StrictModel):
     """Per-replica circuit breaker: open after `failures` in a row, cool down `open_s` (doubling to `max_open_s`)."""
 
@@ -312,6 +288,9 @@ class RoutingConfig(StrictModel):
     spill: SpillSettings = Field(SpillSettings(), description="When to spill to the other pool.")
     peer_load: PeerLoadSettings = Field(PeerLoadSettings(), description=(
         "Gateway processes sharing a store judge bounded load on one snapshot of all their requests."))
+    sessions: SessionSettings = Field(SessionSettings(), description=(
+        "A coding session stays on the replica that holds its history; new sessions balance the load "
+        "(prefix_affinity and kv_events pools)."))
     response_ttl_s: float = Field(3600.0, gt=0, description=(
         "How long a response id → replica mapping is kept (vLLM's stored responses live in its process)."))
     prewarm: PrewarmConfig = Field(PrewarmConfig(), description=(

@@ -19,6 +19,7 @@ from app.routing.kv_events import BlockView
 from app.routing.load_report import LoadReport
 from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
+from app.routing.session_table import SessionTable, session_table
 
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
@@ -293,13 +294,15 @@ class ReplicaState:
 class PoolState:
     """A pool: its config, replicas (in config order) and its routing policy instance."""
 
-    __slots__ = ("cfg", "name", "policy", "replicas", "unsupported_params")
+    __slots__ = ("cfg", "name", "policy", "replicas", "sessions", "unsupported_params")
 
-    def __init__(self, name: str, cfg: PoolConfig, replicas: list[ReplicaState], policy: Policy) -> None:
+    def __init__(self, name: str, cfg: PoolConfig, replicas: list[ReplicaState], policy: Policy,
+                 sessions: SessionTable | None = None) -> None:  # fmt: skip
         self.name = name
         self.cfg = cfg
         self.replicas = replicas
         self.policy = policy
+        self.sessions = sessions  # app/routing/sessions.py; None: this pool routes requests, not sessions
         # Request fields the pool refuses: the config's when it says (unsupported_params or speculative), else
         # what its replicas publish (app/routing/engine_read.py keeps it current); read by capability routing.
         self.unsupported_params: tuple[str, ...] = ()
@@ -374,7 +377,10 @@ class ClusterState:
                 rep.index = i
                 rep.capacity = pcfg.max_num_seqs or rep.engine.max_num_seqs or 0
                 replicas.append(rep)
-            pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
+            policy = build_policy(pcfg.effective_policy(), defaults)
+            before = previous.pools.get(name) if previous is not None else None
+            kept = session_table(cfg.routing.sessions, policy.name, before.sessions if before is not None else None)
+            pools[name] = PoolState(name, pcfg, replicas, policy, kept)
         state = cls(pools)
         state.peer_clock = previous.peer_clock if previous is not None else None
         return state
