@@ -29,7 +29,7 @@ from app.routing.session_key import SessionKey
 from app.routing.session_table import SessionTable
 
 if TYPE_CHECKING:
-    from app.kvcache.tokens import PromptBlocks
+    from app.records import PromptBlocks
     from app.routing.state import ReplicaState
 
 
