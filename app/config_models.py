@@ -20,6 +20,7 @@ from app.routing.peer_load_config import PeerLoadSettings
 from app.routing.prefix_affinity import PrefixAffinityParams
 from app.routing.registry import PolicySpec, policy_object
 from app.routing.round_robin import RoundRobinParams
+from app.routing.tpot.config import TpotSettings
 
 RouteClassName = Literal["interactive", "bulk"]
 NormalizeMode = Literal["off", "observe", "on"]
@@ -324,6 +325,7 @@ class RoutingConfig(_Strict):
     # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
     response_ttl_s: float = Field(3600.0, gt=0)
     prewarm: PrewarmConfig = PrewarmConfig()  # app/prewarm: a joining replica replays the top prefixes first
+    tpot: TpotSettings = TpotSettings()  # app/routing/tpot: interactive pool by predicted TPOT
 
 
 class NormalizeConfig(_Strict):

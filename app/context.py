@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from app.call_estimate import CallEstimate
     from app.kvcache.tokens import PromptBlocks
     from app.routing.state import ReplicaState
+    from app.routing.tpot.predict import Prediction
 
 Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
 RouteClass = Literal["interactive", "bulk"]
@@ -107,6 +108,7 @@ class RouteDecision:
     target: ReplicaState | None = None  # set by pick; None only in records built outside routing
     cached_tokens: int | None = None  # prompt tokens the replica is predicted to reuse (kv_events)
     load_stamp: str | None = None  # which shared load snapshot decided, when routing.peer_load.route_header is on
+    prediction: Prediction | None = None  # the predicted times that chose the pool (app/routing/tpot), if they did
 
 
 @dataclass(slots=True)
@@ -179,6 +181,8 @@ class RequestContext:
     usage_estimated: bool = False
     # Whether an upstream call was made at all (telemetry tells rejections from upstream failures).
     upstream_called: bool = False
+    # SSE events of the stream that carried generated content (one per engine step): tokens per step (app/routing/tpot).
+    stream_events: int = 0
     # The pool's admission slot (app/admission), held from admission until settle releases it once.
     queue_ticket: Ticket | None = None
     # Reads back the assistant message the client got, once it was sent (reply learning, app/kvcache/replies).

@@ -120,6 +120,7 @@ class Dispatcher:
                 route = self._pinned(ctx) if ctx.pinned is not None else pick(
                     model=model, decision=ctx.route_class, key=key, cluster=self.cluster,
                     cfg=self.cfg.routing, exclude=frozenset(tried), body=ctx.body, blocks=ctx.blocks,
+                    tenant=ctx.tenant_id, prompt_tokens=ctx.estimated_input_tokens,
                 )  # fmt: skip
             except GatewayError as err:
                 raise (last or err) from None

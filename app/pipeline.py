@@ -41,6 +41,7 @@ from app.routing.response_affinity import Holder, ResponseRoutes
 from app.routing.scraper import Scraper
 from app.routing.spill import cached_home_and_other
 from app.routing.state import ClusterState, ReplicaState
+from app.routing.tpot.install import install_tpot
 from app.settle import Settler
 from app.store.base import Store
 from app.store.factory import create_store
@@ -94,6 +95,7 @@ class Gateway:
         self.shared_learning = SharedLearning.for_config(cfg, self.memory, self.store)
         self.kv_hub = _kv_hub(cfg)
         self.cluster = ClusterState.from_config(cfg, kv_hub=self.kv_hub)
+        self.tpot = install_tpot(cfg, self.cluster, self.settler, self.telemetry.meter)
         self._hashers = _block_hashers(cfg) if self.kv_hub is not None else {}
         self.replies = ReplyLearner(self._hashers)
         self.discoverer = Discoverer.for_config(cfg, self._rediscovered)
@@ -321,6 +323,7 @@ class Gateway:
             if r.runner_up is not None:
                 headers[ROUTE] += f";runner_up={r.runner_up}"
             headers[ROUTE] += route_suffix(ctx.queue_ticket) + (f";{r.load_stamp}" if r.load_stamp else "")
+            headers[ROUTE] += r.prediction.header() if r.prediction is not None else ""
         if ctx.normalize_report is not None:
             headers[NORMALIZED] = ctx.normalize_report.header()
         if ctx.limit_notes:

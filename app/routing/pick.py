@@ -35,8 +35,13 @@ def pick(
     tuning: SpillTuning | None = None,
     body: Mapping[str, Any] | None = None,
     blocks: PromptBlocks | None = None,
+    tenant: str = "",
+    prompt_tokens: int = 0,
 ) -> RouteDecision:
     """Route one request; `exclude` holds replica URLs already tried (a failover retry).
+
+    An interactive request of a model with an interactive and a bulk pool goes where it is predicted to end
+    first once the TPOT router has data (cluster.tpot, app/routing/tpot); `tenant` and `prompt_tokens` feed it.
 
     With `body`, only pools that can serve its parameters are used (app/routing/capability.py).
     Raises GatewayError 503 when no replica that may take the request is in rotation, 400 when no pool
@@ -54,7 +59,17 @@ def pick(
     may_leave = other is not None and cfg.allow_spill
     target = home
     candidates = home.candidates(exclude)
-    if may_leave and other is not None:
+    tpot = cluster.tpot if may_leave and reason is None and route_class == "interactive" else None
+    prediction = None
+    if tpot is not None and other is not None and body is not None and candidates and other.cfg.role != home.cfg.role:
+        other_candidates = other.candidates(exclude)
+        if other_candidates:
+            prediction = tpot.choose(home, candidates, other, other_candidates, body, tenant, key, prompt_tokens)
+    if prediction is not None and other is not None:
+        reason, detail = "tpot", prediction.outcome
+        if prediction.pool != home.name:
+            target, candidates = other, other_candidates
+    elif may_leave and other is not None:
         if candidates:
             # Spill-over moves work between the two roles; a second pool of the same role only fails over.
             why = saturation(home, candidates, tuning) if other.cfg.role != home.cfg.role else None
@@ -85,4 +100,5 @@ def pick(
         target=sel.chosen,
         cached_tokens=sel.cached_tokens,
         load_stamp=stamp,
+        prediction=prediction,
     )

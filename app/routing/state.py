@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from app.config import GatewayConfig, PoolConfig
 from app.errors import FailureKind
@@ -18,6 +18,9 @@ from app.routing.kv_events import BlockView
 from app.routing.load_report import LoadReport
 from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
+
+if TYPE_CHECKING:
+    from app.routing.tpot.router import TpotRouter
 
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
@@ -309,7 +312,7 @@ class PoolState:
 class ClusterState:
     """All pools by name, built from the config; the one object scrapers write and pick reads."""
 
-    __slots__ = ("memo", "peer_clock", "pools")
+    __slots__ = ("memo", "peer_clock", "pools", "tpot")
 
     def __init__(self, pools: dict[str, PoolState]) -> None:
         self.pools = pools
@@ -318,6 +321,8 @@ class ClusterState:
         self.peer_clock: Callable[[], str | None] | None = None
         # Per-(model, class) lookups that only depend on the config this state was built from.
         self.memo: dict[Any, Any] = {}
+        # Chooses an interactive request's pool by predicted TPOT (app/routing/tpot); None: by class alone.
+        self.tpot: TpotRouter | None = None
 
     @classmethod
     def from_config(
@@ -354,6 +359,7 @@ class ClusterState:
             pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
         state = cls(pools)
         state.peer_clock = previous.peer_clock if previous is not None else None
+        state.tpot = previous.tpot if previous is not None else None
         return state
 
     def replicas(self) -> Iterator[ReplicaState]:
