@@ -110,6 +110,11 @@ class RouteDecision:
     load_stamp: str | None = None  # which shared load snapshot decided, when routing.peer_load.route_header is on
     prediction: Prediction | None = None  # the predicted times that chose the pool (app/routing/tpot), if they did
 
+    def header_tail(self) -> str:
+        """What x-kvgate-route ends with: the load snapshot that decided, the predictions that chose the pool."""
+        stamp = f";{self.load_stamp}" if self.load_stamp else ""
+        return stamp + self.prediction.header() if self.prediction is not None else stamp
+
 
 @dataclass(slots=True)
 class Timing:

@@ -322,8 +322,7 @@ class Gateway:
                 headers[ROUTE] += f";cached={r.cached_tokens}"
             if r.runner_up is not None:
                 headers[ROUTE] += f";runner_up={r.runner_up}"
-            headers[ROUTE] += route_suffix(ctx.queue_ticket) + (f";{r.load_stamp}" if r.load_stamp else "")
-            headers[ROUTE] += r.prediction.header() if r.prediction is not None else ""
+            headers[ROUTE] += route_suffix(ctx.queue_ticket) + r.header_tail()
         if ctx.normalize_report is not None:
             headers[NORMALIZED] = ctx.normalize_report.header()
         if ctx.limit_notes:
