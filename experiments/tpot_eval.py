@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import sys
 import tempfile
@@ -251,6 +252,15 @@ async def main_async(args: argparse.Namespace) -> None:
         for s in sims:
             s.stop()
     report(args, results)
+    if args.dump:
+        with open(args.dump, "w") as f:
+            for arm, steps in results.items():
+                for st in steps:
+                    kinds = _kinds(st.seed, args.code_ratio)
+                    for r in st.records:
+                        f.write(json.dumps({"arm": arm, "rate": st.rate, "kind": _kind(kinds, r), "route": r.route,
+                                            "tpot_s": r.tpot_s, "ttft_s": r.ttft_s, "ok": r.ok,
+                                            "out": r.output_tokens, "start_s": r.start_s}) + "\n")  # fmt: skip
     print(f"logs: {log_dir}")
 
 
@@ -270,6 +280,7 @@ def main() -> None:
     p.add_argument("--step-s", type=float, default=15.0, help="real seconds per ramp step")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dump", default=None, help="write every request's record (JSON lines) here")
     p.add_argument("--micro", action="store_true", help="only time pick() with and without the router")
     p.add_argument("--micro-calls", type=int, default=20000)
     args = p.parse_args()
