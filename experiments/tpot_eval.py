@@ -121,8 +121,11 @@ async def run_arm(arm: str, args: argparse.Namespace, sims: tuple[Proc, Proc], l
             late = 100 * (_lateness(urls) - late0) / (wall * len(urls))
             steps.append(Step(rate, result.records, gen / (wall * ts), 1000 * cpu / max(req, 1), req, spec.seed,
                               late, _errors(result.records, ts)))  # fmt: skip
-            print(f"[{time.strftime('%H:%M:%S')}] {arm} step {rate:g} req/s: {len(result.records)} requests, "
-                  f"{wall:.0f} s", flush=True)
+            print(
+                f"[{time.strftime('%H:%M:%S')}] {arm} step {rate:g} req/s: {len(result.records)} requests, "
+                f"{wall:.0f} s",
+                flush=True,
+            )
         background.cancel()  # the bulk background ends with the ramp
         await asyncio.gather(background, return_exceptions=True)
     finally:
@@ -140,8 +143,9 @@ def _errors(records: list[RequestRecord], ts: float) -> list[float]:
     return out
 
 
-def _tpot_ms(records: list[RequestRecord], p: float, kind: str | None = None, kinds: Workload | None = None
-             ) -> float | None:
+def _tpot_ms(
+    records: list[RequestRecord], p: float, kind: str | None = None, kinds: Workload | None = None
+) -> float | None:
     vals = [r.tpot_s * 1000 for r in records if r.ok and r.tpot_s is not None and not r.warmup
             and (kind is None or kinds is None or _kind(kinds, r) == kind)]  # fmt: skip
     return percentile(vals, p)
@@ -174,9 +178,11 @@ def _f(v: float | None, d: int = 2) -> str:
 def report(args: argparse.Namespace, results: dict[str, list[Step]]) -> None:
     """The side-by-side tables."""
     print()
-    print(f"sims h100-8b --time-scale {args.time_scale:g}; spec pool ngram K={args.k}, accept {args.code_accept} "
-          f"(code) / {args.chat_accept} (chat) per draft token; interactive code share {args.code_ratio}; bulk "
-          f"background {args.bulk_rate:g} req/s x 256 tokens; steps of {args.step_s:g} s real; seed {args.seed}")
+    print(
+        f"sims h100-8b --time-scale {args.time_scale:g}; spec pool ngram K={args.k}, accept {args.code_accept} "
+        f"(code) / {args.chat_accept} (chat) per draft token; interactive code share {args.code_ratio}; bulk "
+        f"background {args.bulk_rate:g} req/s x 256 tokens; steps of {args.step_s:g} s real; seed {args.seed}"
+    )
     print()
     hdr = f"{'step req/s':>10s} {'metric':18s}" + "".join(f"{a:>9s}" for a in ARMS) + "  tpot <= min(spec,bulk)"
     print(hdr)
@@ -208,8 +214,10 @@ def report(args: argparse.Namespace, results: dict[str, list[Step]]) -> None:
                 pools[m.group(1) if m else "?"] = pools.get(m.group(1) if m else "?", 0) + 1
             sample = next((r.route for r in st.records if r.route and "tpot=" in r.route), None)
             print(f"{'':>10s} e.g. x-kvgate-route: {sample}")
-            print(f"{'':>10s} tpot arm: pools {pools}; median |pred-obs|/obs TPOT {_f(_median(st.errors), 3)} "
-                  f"over {len(st.errors)} requests")
+            print(
+                f"{'':>10s} tpot arm: pools {pools}; median |pred-obs|/obs TPOT {_f(_median(st.errors), 3)} "
+                f"over {len(st.errors)} requests"
+            )
         print()
     every = {a: [r for st in results[a] for r in st.records] for a in results}
     print("whole ramp:")
@@ -218,17 +226,32 @@ def report(args: argparse.Namespace, results: dict[str, list[Step]]) -> None:
         print(f"  {label:14s} " + "  ".join(f"{a} {_f(v)}" for a, v in vals.items()))
     if "tpot" in results:
         errs = [e for st in results["tpot"] for e in st.errors]
-        print(f"  tpot arm median |pred-obs|/obs TPOT: {_f(_median(errs), 3)} over {len(errs)} requests "
-              "(target <= 0.15)")
+        print(
+            f"  tpot arm median |pred-obs|/obs TPOT: {_f(_median(errs), 3)} over {len(errs)} requests (target <= 0.15)"
+        )
     for a in results:
         tok = sum(st.out_tokens_per_s for st in results[a]) / n
-        print(f"  {a}: mean output tok/s over the steps {tok:.0f}; failed requests "
-              f"{sum(1 for st in results[a] for r in st.records if not r.ok)}")
+        print(
+            f"  {a}: mean output tok/s over the steps {tok:.0f}; failed requests "
+            f"{sum(1 for st in results[a] for r in st.records if not r.ok)}"
+        )
     if "class" in results and "tpot" in results:
         below = [i for i, _ in enumerate(args.rates[:-1])]
         for i in below:
             c, t = results["class"][i].cpu_ms_per_request, results["tpot"][i].cpu_ms_per_request
             print(f"  step {args.rates[i]:g}: gateway CPU per request tpot/class {t / c:.3f} (target within 3%)")
+
+
+def dump(args: argparse.Namespace, results: dict[str, list[Step]]) -> None:
+    """Every request's record as JSON lines (for a closer look at one run)."""
+    with open(args.dump, "w") as f:
+        for arm, steps in results.items():
+            for st in steps:
+                kinds = _kinds(st.seed, args.code_ratio)
+                for r in st.records:
+                    f.write(json.dumps({"arm": arm, "rate": st.rate, "kind": _kind(kinds, r), "route": r.route,
+                                        "tpot_s": r.tpot_s, "ttft_s": r.ttft_s, "ok": r.ok,
+                                        "out": r.output_tokens, "start_s": r.start_s}) + "\n")  # fmt: skip
 
 
 def micro(args: argparse.Namespace) -> None:
@@ -238,7 +261,7 @@ def micro(args: argparse.Namespace) -> None:
     run_micro(args.micro_calls)
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def main_async(args: argparse.Namespace) -> dict[str, list[Step]]:
     """Run every arm on the same two sims, one after another, and print the tables."""
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-tpot-eval-"))
     sims = _sims(args, log_dir)
@@ -251,17 +274,8 @@ async def main_async(args: argparse.Namespace) -> None:
     finally:
         for s in sims:
             s.stop()
-    report(args, results)
-    if args.dump:
-        with open(args.dump, "w") as f:
-            for arm, steps in results.items():
-                for st in steps:
-                    kinds = _kinds(st.seed, args.code_ratio)
-                    for r in st.records:
-                        f.write(json.dumps({"arm": arm, "rate": st.rate, "kind": _kind(kinds, r), "route": r.route,
-                                            "tpot_s": r.tpot_s, "ttft_s": r.ttft_s, "ok": r.ok,
-                                            "out": r.output_tokens, "start_s": r.start_s}) + "\n")  # fmt: skip
     print(f"logs: {log_dir}")
+    return results
 
 
 def main() -> None:
@@ -287,7 +301,10 @@ def main() -> None:
     if args.micro:
         micro(args)
         return
-    asyncio.run(main_async(args))
+    results = asyncio.run(main_async(args))
+    report(args, results)
+    if args.dump:
+        dump(args, results)
 
 
 if __name__ == "__main__":
