@@ -43,7 +43,9 @@ class Mean:
 class PoolAcceptance:
     """One pool's acceptance: counter sums (all traffic) and stream means (this gateway's), bounded in keys."""
 
-    __slots__ = ("_accepted", "_draft_tokens", "_keys", "_kinds", "_max_keys", "_steps", "_strength", "streams")
+    __slots__ = (
+        "_accepted", "_draft_tokens", "_expected", "_keys", "_kinds", "_max_keys", "_steps", "_strength", "streams",
+    )  # fmt: skip
 
     def __init__(self, prior_streams: float = 8.0, max_keys: int = 4096) -> None:
         self._accepted = self._steps = self._draft_tokens = 0.0
@@ -52,9 +54,12 @@ class PoolAcceptance:
         self.streams = Mean()  # every stream relayed from this pool
         self._kinds: dict[str, Mean] = {}
         self._keys: OrderedDict[tuple[str, str], Mean] = OrderedDict()
+        # expected() per (tenant, kind) until the next observation: picks between two settles hit this.
+        self._expected: dict[tuple[str, str], float] = {}
 
     def add_counters(self, accepted: float, steps: float, draft_tokens: float) -> None:
         """One replica interval's Δaccepted, Δ decode steps (itl count) and Δ draft tokens."""
+        self._expected.clear()
         self._accepted = self._accepted * COUNTER_DECAY + accepted
         self._steps = self._steps * COUNTER_DECAY + steps
         self._draft_tokens = self._draft_tokens * COUNTER_DECAY + draft_tokens
@@ -71,6 +76,7 @@ class PoolAcceptance:
         """One finished stream of `tenant`'s request of `kind` on this pool."""
         if not 0.0 < tokens_per_event <= MAX_TOKENS_PER_STEP:
             return
+        self._expected.clear()
         self.streams.add(tokens_per_event)
         self._kinds.setdefault(kind, Mean()).add(tokens_per_event)
         key = (tenant, kind)
@@ -85,6 +91,13 @@ class PoolAcceptance:
 
     def expected(self, tenant: str, kind: str) -> float:
         """Tokens per decode step a request of `tenant` and `kind` will see here."""
+        key = (tenant, kind)
+        found = self._expected.get(key)
+        if found is None:
+            found = self._expected[key] = self._estimate(tenant, kind)
+        return found
+
+    def _estimate(self, tenant: str, kind: str) -> float:
         base = self.tokens_per_step()
         ref = self.streams
         if ref.n == 0:
