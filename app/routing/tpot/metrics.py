@@ -2,8 +2,8 @@
 
 gateway.tpot.decisions{pool,kind,outcome}   interactive requests whose pool the prediction chose
 gateway.tpot.predicted / .observed{pool}    TPOT seconds summed over those requests (÷ .compared = the means)
-gateway.tpot.error{pool}                    median |predicted - observed| / observed over the last 256
-gateway.spec.acceptance{pool}               accepted / proposed draft tokens (the engines' counters)
+gateway.tpot.error_ratio{pool}              median |predicted - observed| / observed over the last 256
+gateway.spec.acceptance_ratio{pool}         accepted / proposed draft tokens (the engines' counters)
 gateway.spec.tokens_per_step{pool,tenant,kind}  expected tokens per decode step (tenant "" = the pool's)
 """
 
@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from app.routing.tpot.router import TpotRouter
+from app.routing.tpot.kind import KINDS
+from app.routing.tpot.router import OUTCOMES, TpotRouter
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -22,8 +23,12 @@ def register_tpot_metrics(meter: Meter, router: TpotRouter) -> None:
     """Register the observable instruments above on `meter`."""
 
     def decisions(options: CallbackOptions) -> Iterable[Observation]:
-        for (pool, kind, outcome), n in list(router.decisions.items()):
-            yield Observation(n, {"pool": pool, "kind": kind, "outcome": outcome})
+        # Every (pool, kind, outcome) from the start, zeros too: a panel shows "none yet" rather than no data.
+        for pool in router.pools:
+            for kind in KINDS:
+                for outcome in OUTCOMES:
+                    n = router.decisions.get((pool, kind, outcome), 0)
+                    yield Observation(n, {"pool": pool, "kind": kind, "outcome": outcome})
 
     def compared(column: int) -> Callback:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
@@ -65,11 +70,12 @@ def register_tpot_metrics(meter: Meter, router: TpotRouter) -> None:
     meter.create_observable_counter(
         "gateway.tpot.compared", [compared(2)], "{request}", "Requests whose predicted and observed TPOT were compared"
     )
+    # No unit "1" on the ratios: the collector would append _ratio and the SDK's exporter not; named with it.
     meter.create_observable_gauge(
-        "gateway.tpot.error", [error], "1", "Median |predicted - observed| / observed TPOT, last 256 requests"
+        "gateway.tpot.error_ratio", [error], "", "Median |predicted - observed| / observed TPOT, last 256 requests"
     )
     meter.create_observable_gauge(
-        "gateway.spec.acceptance", [acceptance], "1", "Accepted / proposed draft tokens per speculative pool"
+        "gateway.spec.acceptance_ratio", [acceptance], "", "Accepted / proposed draft tokens per speculative pool"
     )
     meter.create_observable_gauge(
         "gateway.spec.tokens_per_step", [tokens_per_step], "{token}",

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from app.config import GatewayConfig
     from app.context import RequestContext
 
+OUTCOMES = ("kept", "moved", "affinity")
 ERROR_WINDOW = 256  # per pool: the last requests' |predicted - observed| / observed TPOT, for the median
 
 
