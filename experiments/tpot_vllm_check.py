@@ -106,8 +106,21 @@ def start(port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1"}
     log = open(f"/tmp/kvgate-tpot-vllm-{port}.log", "wb")  # noqa: SIM115 - lives with the child
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    wait_http(f"http://127.0.0.1:{port}/health", 300, proc)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 900, proc)
+    except BaseException:
+        stop(proc)
+        raise
     return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the server's process group (the API server and its engine core), which we started."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main() -> None:
@@ -123,12 +136,8 @@ def main() -> None:
     try:
         report(args.url or f"http://127.0.0.1:{args.port}", args.rounds, args.max_tokens)
     finally:
-        if proc is not None:  # its own process group: the API server and its engine core
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        if proc is not None:
+            stop(proc)
 
 
 if __name__ == "__main__":
