@@ -42,6 +42,7 @@ def pick(
 
     An interactive request of a model with an interactive and a bulk pool goes where it is predicted to end
     first once the TPOT router has data (cluster.tpot, app/routing/tpot); `tenant` and `prompt_tokens` feed it.
+    The reason is `tpot` when that sent it outside its class's pool; either way the route carries the prediction.
 
     With `body`, only pools that can serve its parameters are used (app/routing/capability.py).
     Raises GatewayError 503 when no replica that may take the request is in rotation, 400 when no pool
@@ -66,9 +67,9 @@ def pick(
         if other_candidates:
             prediction = tpot.choose(home, candidates, other, other_candidates, body, tenant, key, prompt_tokens)
     if prediction is not None and other is not None:
-        reason, detail = "tpot", prediction.outcome
-        if prediction.pool != home.name:
-            target, candidates = other, other_candidates
+        detail = f"tpot {prediction.outcome}"
+        if prediction.pool != home.name:  # the prediction, not the class, chose the pool: it is the reason
+            target, candidates, reason = other, other_candidates, "tpot"
     elif may_leave and other is not None:
         if candidates:
             # Spill-over moves work between the two roles; a second pool of the same role only fails over.
