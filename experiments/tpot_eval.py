@@ -322,17 +322,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, list[Step]]:
 def main() -> None:
     """Parse arguments and run."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rates", type=float, nargs="+", default=[10.0, 30.0, 60.0, 90.0],
+    p.add_argument("--rates", type=float, nargs="+", default=[15.0, 35.0, 60.0, 90.0],
                    help="interactive req/s per ramp step (modeled time)")  # fmt: skip
     p.add_argument("--bulk-rate", type=float, default=25.0, help="bulk req/s (modeled time)")
     p.add_argument("--code-ratio", type=float, default=0.5, help="share of interactive requests that are code edits")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step on the spec pool")
     p.add_argument("--code-accept", type=float, default=0.85)
     p.add_argument("--chat-accept", type=float, default=0.3)
-    p.add_argument("--time-scale", type=float, default=0.1)
+    p.add_argument("--time-scale", type=float, default=0.2)
     p.add_argument("--probe-s", type=float, default=0.15, help="the gateway's probe interval (modeled seconds)")
     p.add_argument("--warm-s", type=float, default=8.0, help="real seconds of first-step traffic before measuring")
-    p.add_argument("--step-s", type=float, default=15.0, help="real seconds per ramp step")
+    p.add_argument("--step-s", type=float, default=20.0, help="real seconds of arrivals per ramp step")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dump", default=None, help="write every request's record (JSON lines) here")
