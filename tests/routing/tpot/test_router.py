@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from app.api.surfaces import CHAT
 from app.context import ClassDecision, RequestContext, RouteDecision, Tenant
 from app.routing.pick import pick
 from app.routing.state import ClusterState, ReplicaState
 from app.routing.tpot.router import TpotRouter
+from app.surfaces import CHAT
 from tests.routing.factory import make_config
 
 INTERACTIVE = ClassDecision("interactive", "stream")
