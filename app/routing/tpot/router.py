@@ -26,7 +26,12 @@ if TYPE_CHECKING:
     from app.context import RequestContext
 
 OUTCOMES = ("kept", "moved", "affinity")
-ERROR_WINDOW = 256  # per pool: the last requests' |predicted - observed| / observed TPOT, for the median
+ERROR_WINDOW = 256
+# Online calibration per (pool, kind): each compared request moves the correction factor this far toward its
+# observed / predicted ratio (in log space: ~30 requests to take in a step change), within these bounds. It takes
+# out what the fit cannot see (the batch changing under a request, event delivery, the client's own clock).
+CALIBRATION_RATE = 0.05
+CALIBRATION_BOUNDS = (0.5, 2.0)  # per pool: the last requests' |predicted - observed| / observed TPOT, for the median
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
@@ -54,6 +59,7 @@ class TpotRouter:
         # Per pool: predicted and observed TPOT seconds summed over the requests it decided, and their count.
         self.compared: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in cfg.pools}
         self.errors: dict[str, deque[float]] = {name: deque(maxlen=ERROR_WINDOW) for name in cfg.pools}
+        self.calibration: dict[tuple[str, str], float] = {}  # (pool, kind) -> observed / predicted, smoothed
 
     @classmethod
     def for_config(cls, cfg: GatewayConfig) -> TpotRouter | None:
@@ -78,8 +84,11 @@ class TpotRouter:
             return None
         kind = request_kind(body)
         n_out = self._output_tokens(tenant, kind, body)
-        h_total, h_tpot = best_total(hm, home_candidates, hm.tokens_per_step(tenant, kind), n_out)
-        o_total, o_tpot = best_total(om, other_candidates, om.tokens_per_step(tenant, kind), n_out)
+        cal = self.calibration
+        h_l = hm.tokens_per_step(tenant, kind) / cal.get((home.name, kind), 1.0)
+        o_l = om.tokens_per_step(tenant, kind) / cal.get((other.name, kind), 1.0)
+        h_total, h_tpot = best_total(hm, home_candidates, h_l, n_out)
+        o_total, o_tpot = best_total(om, other_candidates, o_l, n_out)
         sessions = self._sessions
         prev = sessions.get(session) if self.settings.sessions else None
         on_other = prev == other.name
@@ -135,12 +144,15 @@ class TpotRouter:
             model.acceptance.add_stream(tenant, kind, (n - 1) / (ctx.stream_events - 1))
         if pred is not None and pred.pool == route.pool:
             observed = (ctx.timing.end - ctx.timing.first_token) / (n - 1)
-            if observed > 0:
+            if observed > 0 and pred.tpot_s > 0:
                 row = self.compared[route.pool]
                 row[0] += pred.tpot_s
                 row[1] += observed
                 row[2] += 1
                 self.errors[route.pool].append(abs(pred.tpot_s - observed) / observed)
+                key = (route.pool, kind)
+                c = self.calibration.get(key, 1.0) * (observed / pred.tpot_s) ** CALIBRATION_RATE
+                self.calibration[key] = min(max(c, CALIBRATION_BOUNDS[0]), CALIBRATION_BOUNDS[1])
 
     def _learn_length(self, tenant: str, kind: str, n: int) -> None:
         self._kind_lengths.setdefault(kind, Mean()).add(float(n))

@@ -163,3 +163,23 @@ def test_settle_teaches_output_length_acceptance_and_the_prediction_error() -> N
     assert router.compared["fast"][2] == 1
     assert router.pools["fast"].acceptance.streams.mean == pytest.approx(4.0)
     assert router._output_tokens("t", "code", {}) < 256  # one 121-token answer pulls the default down
+
+
+def test_observed_tpot_steadily_above_the_prediction_calibrates_the_next_predictions_up() -> None:
+    cfg, cluster, router, fast, bulk = setup()
+    warm(fast, bulk, (2, 4, 8, 16), 100)
+    first = decide(cfg, cluster, CODE)
+    assert first.prediction is not None
+    for _ in range(60):
+        route = decide(cfg, cluster, CODE)
+        assert route.prediction is not None
+        ctx = RequestContext(request_id="r", surface=CHAT, path="/v1/chat/completions", body=CODE, model="m",
+                             stream=True, client_wants_usage=True, headers={})  # fmt: skip
+        ctx.tenant, ctx.route_class, ctx.route, ctx.status = Tenant("t"), INTERACTIVE, route, 200
+        ctx.usage.completion_tokens, ctx.stream_events = 101, 51
+        ctx.timing.first_token, ctx.timing.end = 1.0, 1.0 + 100 * first.prediction.tpot_s * 1.3  # 30 % slower
+        router.observe(ctx)
+    last = decide(cfg, cluster, CODE)
+    assert last.prediction is not None
+    assert last.prediction.tpot_s == pytest.approx(first.prediction.tpot_s * 1.3, rel=0.06)
+    assert router.median_error("fast") is not None and router.median_error("fast") < 0.2
