@@ -325,7 +325,9 @@ class RoutingConfig(_Strict):
     # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
     response_ttl_s: float = Field(3600.0, gt=0)
     prewarm: PrewarmConfig = PrewarmConfig()  # app/prewarm: a joining replica replays the top prefixes first
-    tpot: TpotSettings = TpotSettings()  # app/routing/tpot: interactive pool by predicted TPOT
+    tpot: TpotSettings = Field(TpotSettings(), description=(
+        "Interactive requests of a model with an interactive and a bulk pool go to the pool predicted to end them "
+        "first (TTFT + output tokens x TPOT, from the engines' /metrics and the gateway's streams)."))
 
 
 class NormalizeConfig(_Strict):
