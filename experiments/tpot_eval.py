@@ -322,7 +322,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, list[Step]]:
 def main() -> None:
     """Parse arguments and run."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rates", type=float, nargs="+", default=[15.0, 35.0, 60.0, 90.0],
+    p.add_argument("--rates", type=float, nargs="+", default=[15.0, 40.0, 65.0, 90.0],
                    help="interactive req/s per ramp step (modeled time)")  # fmt: skip
     p.add_argument("--bulk-rate", type=float, default=25.0, help="bulk req/s (modeled time)")
     p.add_argument("--code-ratio", type=float, default=0.5, help="share of interactive requests that are code edits")
