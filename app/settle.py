@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from app.admission.step import settle_ticket
 from app.config import GatewayConfig
@@ -33,8 +32,6 @@ class Settler:
         self._limiter = limiter
         self._telemetry = telemetry
         self._reference: dict[str, TokenPrices] = {}
-        # Called with every settled request that reached an upstream (what routing learns from how it went).
-        self.observers: list[Callable[[RequestContext], None]] = []
 
     def _reference_for(self, tenant_id: str) -> TokenPrices:
         prices = self._reference.get(tenant_id)
@@ -69,11 +66,6 @@ class Settler:
                 _log.exception("settle: limiter failed")
         if ctx.upstream_called:
             self._telemetry.settle(ctx)
-            for observe in self.observers:
-                try:
-                    observe(ctx)
-                except Exception:  # a learner's bug must not break the response
-                    _log.exception("settle: observer failed")
         else:
             self._telemetry.record_rejected(ctx, ctx.status, ctx.error_type or "rejected")
 

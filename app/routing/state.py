@@ -6,8 +6,8 @@ Everything runs on one event loop, so plain attributes need no locks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from app.config import GatewayConfig, PoolConfig
 from app.errors import FailureKind
@@ -20,7 +20,7 @@ from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
 
 if TYPE_CHECKING:
-    from app.routing.tpot.router import TpotRouter
+    from app.records import RoutePrediction
 
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
@@ -309,6 +309,18 @@ class PoolState:
         return [r for r in self.replicas if r.in_rotation or (r.healthy and not r.warming and r.breaker.allows())]
 
 
+class PoolChooser(Protocol):
+    """Chooses between a model's two pools for an interactive request (app/routing/tpot's TpotRouter)."""
+
+    def choose(
+        self, home: PoolState, home_candidates: Sequence[ReplicaState], other: PoolState,
+        other_candidates: Sequence[ReplicaState], body: Mapping[str, Any], tenant: str, session: int,
+        prompt_tokens: int,
+    ) -> RoutePrediction | None:  # fmt: skip
+        """The prediction that names the pool, or None when it does not engage."""
+        ...
+
+
 class ClusterState:
     """All pools by name, built from the config; the one object scrapers write and pick reads."""
 
@@ -322,7 +334,7 @@ class ClusterState:
         # Per-(model, class) lookups that only depend on the config this state was built from.
         self.memo: dict[Any, Any] = {}
         # Chooses an interactive request's pool by predicted TPOT (app/routing/tpot); None: by class alone.
-        self.tpot: TpotRouter | None = None
+        self.tpot: PoolChooser | None = None
 
     @classmethod
     def from_config(
@@ -361,6 +373,13 @@ class ClusterState:
         state.peer_clock = previous.peer_clock if previous is not None else None
         state.tpot = previous.tpot if previous is not None else None
         return state
+
+    def rebuild(self, cfg: GatewayConfig, **kwargs: Any) -> None:
+        """Take the pools of a fresh build from `cfg` in place (survivors keep their state, see from_config), so
+        every part holding this state (dispatcher, scraper, pre-warmer, queues) sees the new replicas."""
+        fresh = ClusterState.from_config(cfg, self, **kwargs)
+        self.pools = fresh.pools
+        self.memo = fresh.memo
 
     def replicas(self) -> Iterator[ReplicaState]:
         """Every replica of every pool."""

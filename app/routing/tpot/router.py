@@ -12,9 +12,9 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from app.config.tpot import TpotSettings
 from app.routing.state import PoolState, ReplicaState
 from app.routing.tpot.acceptance import Mean
-from app.routing.tpot.config import TpotSettings
 from app.routing.tpot.kind import request_kind
 from app.routing.tpot.pool_model import PoolModel
 from app.routing.tpot.predict import Prediction, best_total

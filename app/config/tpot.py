@@ -1,4 +1,4 @@
-"""`routing.tpot`: interactive pool choice by predicted TPOT. Self-contained (no import of app.config)."""
+"""`routing.tpot`: interactive pool choice by predicted TPOT (app/routing/tpot). Self-contained, as its siblings."""
 
 from __future__ import annotations
 
