@@ -332,7 +332,7 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=0.2)
     p.add_argument("--probe-s", type=float, default=0.15, help="the gateway's probe interval (modeled seconds)")
     p.add_argument("--warm-s", type=float, default=6.0, help="real seconds of first-step traffic before measuring")
-    p.add_argument("--step-s", type=float, default=15.0, help="real seconds of arrivals per ramp step")
+    p.add_argument("--step-s", type=float, default=12.0, help="real seconds of arrivals per ramp step")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dump", default=None, help="write every request's record (JSON lines) here")
