@@ -60,6 +60,10 @@ class TpotRouter:
         self.compared: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in cfg.pools}
         self.errors: dict[str, deque[float]] = {name: deque(maxlen=ERROR_WINDOW) for name in cfg.pools}
         self.calibration: dict[tuple[str, str], float] = {}  # (pool, kind) -> observed / predicted, smoothed
+        # Read on every pick: plain attributes, and each (tenant, kind)'s expected length until the next one settles.
+        self._need, self._keep = s.min_samples, 1.0 - s.hysteresis
+        self._max_sessions = s.sessions
+        self._level: dict[tuple[str, str], float] = {}
 
     @classmethod
     def for_config(cls, cfg: GatewayConfig) -> TpotRouter | None:
@@ -79,7 +83,7 @@ class TpotRouter:
         hm, om = self.pools[home.name], self.pools[other.name]
         hm.refresh(home.replicas)
         om.refresh(other.replicas)
-        need = self.settings.min_samples
+        need = self._need
         if not (hm.ready(need) and om.ready(need)):
             return None
         kind = request_kind(body)
@@ -90,32 +94,35 @@ class TpotRouter:
         h_total, h_tpot = best_total(hm, home_candidates, h_l, n_out)
         o_total, o_tpot = best_total(om, other_candidates, o_l, n_out)
         sessions = self._sessions
-        prev = sessions.get(session) if self.settings.sessions else None
+        prev = sessions.get(session) if self._max_sessions else None
         on_other = prev == other.name
         inc_total, ch_total = (o_total, h_total) if on_other else (h_total, o_total)
         challenger = hm if on_other else om
-        margin = inc_total * (1.0 - self.settings.hysteresis)
+        margin = inc_total * self._keep
         lost = prompt_tokens * challenger.prefill_s_per_token if prev is not None else 0.0
         move = ch_total + lost < margin
         outcome = "moved" if move else ("affinity" if ch_total < margin else "kept")
         to_other = on_other != move
         chosen, tpot = (other.name, o_tpot) if to_other else (home.name, h_tpot)
-        if self.settings.sessions:
+        if self._max_sessions and prev != chosen:
             sessions[session] = chosen
-            sessions.move_to_end(session)
-            if len(sessions) > self.settings.sessions:
-                sessions.popitem(last=False)
+            if prev is None and len(sessions) > self._max_sessions:
+                sessions.popitem(last=False)  # the first remembered (not refreshed: a forgotten one loses affinity)
         k = (chosen, kind, outcome)
         self.decisions[k] = self.decisions.get(k, 0) + 1
         return Prediction(chosen, kind, tpot, ((home.name, h_total), (other.name, o_total)), outcome)
 
     def _output_tokens(self, tenant: str, kind: str, body: Mapping[str, Any]) -> int:
-        default = float(self.settings.default_output_tokens)
-        by_kind = self._kind_lengths.get(kind)
-        level = by_kind.shrunk(default, 1.0) if by_kind is not None else default
-        own = self._lengths.get((tenant, kind))
-        if own is not None:
-            level = own.shrunk(level, self.settings.prior_streams)
+        key = (tenant, kind)
+        level = self._level.get(key)
+        if level is None:
+            default = float(self.settings.default_output_tokens)
+            by_kind = self._kind_lengths.get(kind)
+            level = by_kind.shrunk(default, 1.0) if by_kind is not None else default
+            own = self._lengths.get(key)
+            if own is not None:
+                level = own.shrunk(level, self.settings.prior_streams)
+            self._level[key] = level
         cap = _max_tokens(body)
         n = int(level + 0.5)
         return max(min(n, cap) if cap is not None else n, 1)
@@ -155,6 +162,7 @@ class TpotRouter:
                 self.calibration[key] = min(max(c, CALIBRATION_BOUNDS[0]), CALIBRATION_BOUNDS[1])
 
     def _learn_length(self, tenant: str, kind: str, n: int) -> None:
+        self._level.clear()
         self._kind_lengths.setdefault(kind, Mean()).add(float(n))
         key = (tenant, kind)
         found = self._lengths.get(key)
