@@ -11,6 +11,7 @@ first (with hysteresis and session affinity):
   acceptance.py  tokens per decode step per pool, and per (pool, tenant, kind) from streams
   feed.py        scrape deltas of each replica's counters into the two above
   predict.py     the prediction for one pool (and its header text)
-  router.py      the chooser pick() calls, and what settle feeds back
+  router.py      the chooser pick() calls (cluster.tpot), and what a finished request feeds back
   metrics.py     acceptance, predicted vs observed TPOT, routed-by-TPOT counts on /metrics
+  hook.py        the PathHook the gateway registers when the config enables it (its settings: app/config/tpot.py)
 """
