@@ -74,7 +74,9 @@ def _sims(args: argparse.Namespace, log_dir: Path) -> tuple[Proc, Proc]:
 
 
 def _config(arm: str, spec: Proc, bulk: Proc, ts: float, probe_s: float) -> dict[str, Any]:
-    routing: dict[str, Any] = {"probe_interval_s": probe_s / ts, "tpot": {"enabled": arm == "tpot"}}
+    # Bulk never borrows the spec pool in any arm: the arms differ only in where interactive requests go.
+    routing: dict[str, Any] = {"probe_interval_s": probe_s / ts, "tpot": {"enabled": arm == "tpot"},
+                               "bulk_borrow_below_utilization": 0}
     if arm == "spec":
         routing["allow_spill"] = False
     pools = {
