@@ -75,8 +75,11 @@ def _sims(args: argparse.Namespace, log_dir: Path) -> tuple[Proc, Proc]:
 
 def _config(arm: str, spec: Proc, bulk: Proc, ts: float, probe_s: float) -> dict[str, Any]:
     # Bulk never borrows the spec pool in any arm: the arms differ only in where interactive requests go.
-    routing: dict[str, Any] = {"probe_interval_s": probe_s / ts, "tpot": {"enabled": arm == "tpot"},
-                               "bulk_borrow_below_utilization": 0}
+    routing: dict[str, Any] = {
+        "probe_interval_s": probe_s / ts,
+        "tpot": {"enabled": arm == "tpot"},
+        "bulk_borrow_below_utilization": 0,
+    }
     if arm == "spec":
         routing["allow_spill"] = False
     pools = {
@@ -269,7 +272,7 @@ def micro(args: argparse.Namespace) -> None:
              "bulk": {"role": "bulk", "served_model": MODEL, "replicas": ["http://127.0.0.1:9201"]}}  # fmt: skip
     for pool in pools.values():
         pool["price"] = {"gpu_hour_usd": 2.5, "capacity_tokens_per_s": 5000}
-    cfg = parse_config({"models": [{"name": MODEL, "pools": ["spec", "bulk"]}], "pools": pools}, env={})
+    cfg = parse_config({"models": [{"name": MODEL, "pools": ["spec", "bulk"]}], "pools": pools})
     cluster = ClusterState.from_config(cfg)
     router = TpotRouter.for_config(cfg)
     assert router is not None

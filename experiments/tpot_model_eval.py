@@ -92,7 +92,7 @@ def _config(arm: str) -> Any:
         pools = {"bulk": pools["bulk"]}
     # Bulk never borrows the spec pool in any arm: the arms differ only in where interactive requests go.
     routing = {"tpot": {"enabled": arm == "tpot"}, "allow_spill": arm != "spec", "bulk_borrow_below_utilization": 0}
-    return parse_config({"models": [{"name": "m", "pools": list(pools)}], "pools": pools, "routing": routing}, env={})
+    return parse_config({"models": [{"name": "m", "pools": list(pools)}], "pools": pools, "routing": routing})
 
 
 def run_arm(arm: str, args: argparse.Namespace) -> dict[int, list[Flight]]:
@@ -254,9 +254,11 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[Flight]]]
     errs = [abs(f.ctx.route.prediction.tpot_s - _tpot(f)) / _tpot(f) for fl in results["tpot"].values() for f in fl
             if f.ctx and f.ctx.route and f.ctx.route.prediction and f.req.num_output > 1]  # fmt: skip
     print(f"tpot arm median |pred-obs|/obs TPOT over the ramp: {(_pct(errs, 50) or 0):.3f} ({len(errs)} requests)")
-    print("output tok/s (all requests, until the last one finished): "
-          + "; ".join(f"{a} {v:.0f}" for a, v in throughput.items())
-          + f"; tpot/class {throughput['tpot'] / throughput['class']:.3f}")
+    print(
+        "output tok/s (all requests, until the last one finished): "
+        + "; ".join(f"{a} {v:.0f}" for a, v in throughput.items())
+        + f"; tpot/class {throughput['tpot'] / throughput['class']:.3f}"
+    )
 
 
 def main() -> None:

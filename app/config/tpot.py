@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.config.types import StrictModel
 
 
-class TpotSettings(BaseModel):
+class TpotSettings(StrictModel):
     """When and how an interactive request may leave its class's pool for a faster one of its model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
         True,

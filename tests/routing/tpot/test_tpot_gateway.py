@@ -41,7 +41,6 @@ def test_after_a_few_scrapes_streams_carry_the_prediction_and_code_is_expected_t
              "pools": {"fast": {"role": "interactive", "served_model": "s", "replicas": [fast], "price": PRICE},
                        "bulk": {"role": "bulk", "served_model": "s", "replicas": [bulk], "price": PRICE}},
              "auth": {"required": False}, "routing": {"probe_interval_s": 0.1, "healthy_after": 1}},
-            env={},
         )  # fmt: skip
         with running_gateway(cfg) as gw, httpx.Client(base_url=gw, timeout=30) as client:
             header = ""
