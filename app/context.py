@@ -110,6 +110,8 @@ class Admission:
     degraded: LimitReason | None = None  # over a limit, served degraded (bulk, capped max_tokens)
     # The post-pick correction of tokens_reserved still on its way to the store (settle waits for it).
     correction: asyncio.Task[None] | None = None
+    # A stream's lease renewal (a stream may outlive the lease): cancelled by settle.
+    renewal: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -164,6 +166,7 @@ class RequestContext:
     queue_ticket: Ticket | None = None
     # Reads back the assistant message the client got, once it was sent (reply learning, app/kvcache/replies).
     reply: Callable[[], dict[str, Any] | None] | None = None
+    client: str = ""  # the client's address: its share of the upstream failure budget (app/failure_budget.py)
 
     @property
     def operation(self) -> Operation:

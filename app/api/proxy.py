@@ -44,6 +44,12 @@ def too_deep() -> GatewayError:
     return bad_request("The request body is nested too deeply.", code="invalid_json")
 
 
+def cut_at_drain() -> GatewayError:
+    """503: the gateway is shutting down and its drain time ran out before this request finished."""
+    return GatewayError(503, "The gateway shut down before this request finished; retry it.",
+                        type="service_unavailable", code="shutting_down", headers={"connection": "close"})  # fmt: skip
+
+
 def body_timeout(seconds: float) -> GatewayError:
     """408: the client did not send its whole body in time; the connection is closed after the answer."""
     return GatewayError(408, f"The request body did not arrive within {seconds:g} s.", code="request_timeout",
@@ -136,6 +142,7 @@ class InferenceEndpoint:
             await send_reply(send, _plain_error(surface, internal_error(request_id), request_id), lambda: None)
             return
         ctx.timing.start = started
+        ctx.client = scope["client"][0] if scope.get("client") else ""
 
         main = asyncio.current_task()
         cancelled = False
@@ -158,6 +165,11 @@ class InferenceEndpoint:
             )
         except asyncio.CancelledError:
             if not state["disconnected"]:
+                # The server cut the request (the drain ran out): the client still gets a proper end.
+                ctx.error_type = ctx.error_type or "draining"
+                end = surface.stream_observer(ctx, ctx.model).ending(b"")  # the protocol's end marker ([DONE])
+                await _answer_failure(send, surface, request_id, cut_at_drain(), started=state["started"],
+                                      done=state["done"], end=end)  # fmt: skip
                 raise
             if main is not None:
                 main.uncancel()
@@ -182,14 +194,14 @@ class InferenceEndpoint:
 
 
 async def _answer_failure(
-    send: Send, surface: Surface, request_id: str, err: GatewayError, *, started: bool, done: bool
+    send: Send, surface: Surface, request_id: str, err: GatewayError, *, started: bool, done: bool, end: bytes = b""
 ) -> None:
     """The error in the envelope, or the surface's error event to end a stream already under way."""
     try:
         if not started:
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
         elif not done:
-            await send({"type": "http.response.body", "body": surface.stream_error(err), "more_body": True})
+            await send({"type": "http.response.body", "body": surface.stream_error(err) + end, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
         pass  # the client is gone: nothing left to tell it

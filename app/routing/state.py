@@ -13,6 +13,7 @@ from app.config import GatewayConfig, PoolConfig
 from app.errors import FailureKind
 from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
+from app.routing.engine_info import EngineInfo
 from app.routing.hashing import stable_hash64
 from app.routing.kv_events import BlockView
 from app.routing.load_report import LoadReport
@@ -40,6 +41,8 @@ class ReplicaState:
         "breaker",
         "capacity",
         "counters",
+        "engine",
+        "engine_read",
         "external",
         "good_streak",
         "hash",
@@ -99,6 +102,10 @@ class ReplicaState:
         self.ttft_ewma_s: float | None = None
         self.last_error: str | None = None
         self.breaker = breaker or CircuitBreaker()
+        # What the engine publishes about itself (app/routing/engine_info.py), replaced whole by the scraper;
+        # engine_read: /v1/models and /version were read since the replica last became healthy.
+        self.engine = EngineInfo()
+        self.engine_read = False
         # healthy and breaker closed, kept current by every method that changes either; a replica that
         # is healthy with a non-closed breaker is still checked with breaker.allows() (time-based).
         self.in_rotation = True
@@ -289,13 +296,29 @@ class ReplicaState:
 class PoolState:
     """A pool: its config, replicas (in config order) and its routing policy instance."""
 
-    __slots__ = ("cfg", "name", "policy", "replicas")
+    __slots__ = ("cfg", "name", "policy", "replicas", "unsupported_params")
 
     def __init__(self, name: str, cfg: PoolConfig, replicas: list[ReplicaState], policy: Policy) -> None:
         self.name = name
         self.cfg = cfg
         self.replicas = replicas
         self.policy = policy
+        # Request fields the pool refuses: the config's when it says (unsupported_params or speculative), else
+        # what its replicas publish (app/routing/engine_read.py keeps it current); read by capability routing.
+        self.unsupported_params: tuple[str, ...] = ()
+        self.refresh_capabilities()
+
+    def declares_capabilities(self) -> bool:
+        """Whether the config says whether the pool speculates (`speculative` set): an override of its engines."""
+        return "speculative" in self.cfg.model_fields_set
+
+    def refresh_capabilities(self) -> None:
+        """Recompute what the pool refuses: the config's `unsupported_params`, plus, unless the config says
+        `speculative`, every field a replica's engine refuses by what it publishes."""
+        refused = dict.fromkeys(self.cfg.unsupported_params)
+        if not self.declares_capabilities():
+            refused.update(dict.fromkeys(p for r in self.replicas for p in r.engine.unsupported_params()))
+        self.unsupported_params = tuple(refused)
 
     def candidates(self, exclude: frozenset[str] = frozenset()) -> list[ReplicaState]:
         """Replicas in rotation, minus those already tried."""
@@ -366,7 +389,7 @@ class ClusterState:
                     if probe_before_joining:
                         rep.healthy = rep.in_rotation = False
                 rep.index = i
-                rep.capacity = pcfg.max_num_seqs or 0
+                rep.capacity = pcfg.max_num_seqs or rep.engine.max_num_seqs or 0
                 replicas.append(rep)
             pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
         state = cls(pools)

@@ -77,7 +77,8 @@ def _block_chars(content: Any) -> int:
 
 
 class MessagesObserver(NamedEventObserver):
-    """Relays Messages events untouched but for the model name; message_delta's usage is final."""
+    """Relays Messages events untouched but for the model name; message_delta's usage is final (message_start's
+    counts the prompt only)."""
 
     def observe(self, event: bytes) -> bytes | None:
         """Account for one event: id and prompt size at message_start, output and cache at message_delta."""
@@ -93,6 +94,9 @@ class MessagesObserver(NamedEventObserver):
                     ctx.response_id = message["id"]
                 usage = message.get("usage")
                 capture_messages_usage(usage if isinstance(usage, dict) else None, ctx.usage)
+                # The prompt is known from here, the output only from message_delta: until it comes, a cut or
+                # abandoned stream is billed for the deltas relayed (app/relay.py), not for message_start's 0.
+                ctx.usage.reported = False
         elif name == b"message_delta":
             doc = event_doc(data)
             if doc is not None:
@@ -335,6 +339,13 @@ class CountTokensSurface(MessagesSurface):
     normalizable = False
     migration: Migration | None = None
     require_max_tokens = False
+
+    def validate(self, body: dict[str, Any]) -> Parsed:
+        """As a Messages body, with `stream` dropped: the engine answers count_tokens in JSON whatever the body
+        says, and a stream the gateway waited for that never came would be counted against the replica."""
+        super().validate(body)
+        body.pop("stream", None)
+        return Parsed(False, True)
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
         """None: counting tokens fills no cache."""
