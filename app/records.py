@@ -6,8 +6,9 @@ account into a request without knowing the context's type, and the context can n
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
 
@@ -103,4 +104,23 @@ class RoutePrediction(Protocol):
 
     def header(self) -> str:
         """The text x-kvgate-route ends with."""
+        ...
+
+
+class PoolChooser(Protocol):
+    """Chooses between a model's two pools for an interactive request (app/routing/tpot's TpotRouter): given the
+    home and other PoolState with their candidate ReplicaStates, the body, tenant, session key and prompt size."""
+
+    def choose(
+        self,
+        home: Any,
+        home_candidates: Sequence[Any],
+        other: Any,
+        other_candidates: Sequence[Any],
+        body: Mapping[str, Any],
+        tenant: str,
+        session: int,
+        prompt_tokens: int,
+    ) -> RoutePrediction | None:
+        """The prediction that names the pool, or None when it does not engage."""
         ...

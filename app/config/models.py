@@ -317,9 +317,7 @@ class RoutingConfig(StrictModel):
         "How long a response id → replica mapping is kept (vLLM's stored responses live in its process)."))
     prewarm: PrewarmConfig = Field(PrewarmConfig(), description=(
         "A joining replica replays the top prefixes before it takes traffic."))
-    tpot: TpotSettings = Field(TpotSettings(), description=(
-        "Interactive requests of a model with an interactive and a bulk pool go to the pool predicted to end them "
-        "first (TTFT + output tokens x TPOT, from the engines' /metrics and the gateway's streams)."))
+    tpot: TpotSettings = Field(TpotSettings(), description="Interactive requests' pool by predicted TPOT.")
 
     @model_validator(mode="before")
     @classmethod

@@ -6,11 +6,12 @@ Everything runs on one event loop, so plain attributes need no locks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, get_args
 
 from app.config import GatewayConfig, PoolConfig
 from app.errors import FailureKind
+from app.records import PoolChooser
 from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
 from app.routing.engine_info import EngineInfo
@@ -19,9 +20,6 @@ from app.routing.kv_events import BlockView
 from app.routing.load_report import LoadReport
 from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
-
-if TYPE_CHECKING:
-    from app.records import RoutePrediction
 
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
@@ -332,18 +330,6 @@ class PoolState:
         return [r for r in self.replicas if r.in_rotation or (r.healthy and not r.warming and r.breaker.allows())]
 
 
-class PoolChooser(Protocol):
-    """Chooses between a model's two pools for an interactive request (app/routing/tpot's TpotRouter)."""
-
-    def choose(
-        self, home: PoolState, home_candidates: Sequence[ReplicaState], other: PoolState,
-        other_candidates: Sequence[ReplicaState], body: Mapping[str, Any], tenant: str, session: int,
-        prompt_tokens: int,
-    ) -> RoutePrediction | None:  # fmt: skip
-        """The prediction that names the pool, or None when it does not engage."""
-        ...
-
-
 class ClusterState:
     """All pools by name, built from the config; the one object scrapers write and pick reads."""
 
@@ -356,8 +342,7 @@ class ClusterState:
         self.peer_clock: Callable[[], str | None] | None = None
         # Per-(model, class) lookups that only depend on the config this state was built from.
         self.memo: dict[Any, Any] = {}
-        # Chooses an interactive request's pool by predicted TPOT (app/routing/tpot); None: by class alone.
-        self.tpot: PoolChooser | None = None
+        self.tpot: PoolChooser | None = None  # interactive pool by predicted TPOT (app/routing/tpot); None: by class
 
     @classmethod
     def from_config(
@@ -394,7 +379,6 @@ class ClusterState:
             pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
         state = cls(pools)
         state.peer_clock = previous.peer_clock if previous is not None else None
-        state.tpot = previous.tpot if previous is not None else None
         return state
 
     def rebuild(self, cfg: GatewayConfig, **kwargs: Any) -> None:
