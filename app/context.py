@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.config.types import NormalizeMode, RouteClassName
 from app.prompt import PromptView
-from app.records import CallEstimate, Operation, PickedReplica, Timing, Usage
+from app.records import CallEstimate, Operation, PickedReplica, RoutePrediction, Timing, Usage
 from app.store.base import LimitReason, LimitSpec
 
 if TYPE_CHECKING:
@@ -93,11 +93,14 @@ class RouteDecision:
     cached_tokens: int | None = None  # prompt tokens the replica is predicted to reuse (kv_events)
     load_stamp: str | None = None  # which shared load snapshot decided, when routing.peer_load.route_header is on
     session: str | None = None  # what named the session that decided (header, prompt_cache_key, metadata, history)
+    prediction: RoutePrediction | None = None  # the predicted times that chose the pool (app/routing/tpot), if they did
 
     def suffix(self) -> str:
-        """The route header's tail: which session key decided, which load snapshot."""
+        """The route header's tail: which session key decided, which load snapshot, the predictions that chose
+        the pool."""
         out = f";session={self.session}" if self.session else ""
-        return out + (f";{self.load_stamp}" if self.load_stamp else "")
+        out += f";{self.load_stamp}" if self.load_stamp else ""
+        return out + self.prediction.header() if self.prediction is not None else out
 
 
 @dataclass(slots=True)
@@ -163,6 +166,8 @@ class RequestContext:
     usage_estimated: bool = False
     # Whether an upstream call was made at all (telemetry tells rejections from upstream failures).
     upstream_called: bool = False
+    # SSE events of the stream that carried generated content (one per engine step): tokens per step (app/routing/tpot).
+    stream_events: int = 0
     # The pool's admission slot (app/admission), held from admission until settle releases it once.
     queue_ticket: Ticket | None = None
     # Reads back the assistant message the client got, once it was sent (reply learning, app/kvcache/replies).

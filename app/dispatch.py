@@ -118,6 +118,7 @@ class Dispatcher:
                     model=model, decision=ctx.route_class, key=key, cluster=self.cluster,
                     cfg=self.cfg.routing, exclude=frozenset(tried), body=ctx.body, blocks=ctx.blocks,
                     session=session,
+                    tenant=ctx.tenant_id, prompt_tokens=ctx.estimated_input_tokens,
                 )  # fmt: skip
             except GatewayError as err:
                 blame.exhausted()

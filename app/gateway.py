@@ -41,6 +41,7 @@ from app.routing.response_affinity import ResponseRoutes
 from app.routing.response_hook import ResponsePinning
 from app.routing.scraper import Scraper
 from app.routing.state import ClusterState
+from app.routing.tpot.hook import TpotLearning
 from app.settle import Settler
 from app.store.base import Store
 from app.store.factory import create_store
@@ -107,6 +108,8 @@ class Gateway:
             hooks.append(self.blocks)
         if self.prewarmer is not None:
             hooks.append(PrewarmRecord(self.prefixes))
+        if (tpot := TpotLearning.install(self.cfg, self.cluster, self.telemetry.meter)) is not None:
+            hooks.append(tpot)
         return hooks
 
     async def start(self) -> None:

@@ -6,8 +6,9 @@ account into a request without knowing the context's type, and the context can n
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
 
@@ -75,4 +76,51 @@ class PickedReplica(Protocol):
     @property
     def pool(self) -> str:
         """The pool it belongs to."""
+        ...
+
+
+class RoutePrediction(Protocol):
+    """The predicted times that chose a request's pool (app/routing/tpot's Prediction), as the record carries them."""
+
+    @property
+    def pool(self) -> str:
+        """The pool the prediction chose."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """The request's kind (code, tool, prose)."""
+        ...
+
+    @property
+    def outcome(self) -> str:
+        """kept | moved | affinity."""
+        ...
+
+    @property
+    def tpot_s(self) -> float:
+        """Predicted time per output token on the chosen pool."""
+        ...
+
+    def header(self) -> str:
+        """The text x-kvgate-route ends with."""
+        ...
+
+
+class PoolChooser(Protocol):
+    """Chooses between a model's two pools for an interactive request (app/routing/tpot's TpotRouter): given the
+    home and other PoolState with their candidate ReplicaStates, the body, tenant, session key and prompt size."""
+
+    def choose(
+        self,
+        home: Any,
+        home_candidates: Sequence[Any],
+        other: Any,
+        other_candidates: Sequence[Any],
+        body: Mapping[str, Any],
+        tenant: str,
+        session: int,
+        prompt_tokens: int,
+    ) -> RoutePrediction | None:
+        """The prediction that names the pool, or None when it does not engage."""
         ...

@@ -108,6 +108,7 @@ class StreamRelay:
                 self._resp.close()
                 self._lease.release()
                 ctx.error_type = ctx.error_type or "client_disconnected"
+            ctx.stream_events = self.observer.delivered
             if not ctx.usage.reported:
                 self._bill_delivered()
 

@@ -661,6 +661,70 @@ COST = Dashboard(
             ),
         ),
         Row(
+            "Speculation where it pays: interactive pool by predicted TPOT",
+            (
+                Panel(
+                    "Routed by predicted TPOT",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool, kind, outcome) (rate(gateway_tpot_decisions_total{{{P}}}[{RI}]))",
+                            "→ {{pool}} {{kind}} ({{outcome}})",
+                        ),
+                    ),
+                    unit="reqps",
+                    stack=True,
+                    width=8,
+                    description="Interactive requests whose pool the predicted TTFT + output x TPOT chose "
+                    "(routing.tpot), by the pool chosen, request kind and outcome: kept (its pool was fastest or "
+                    "within the hysteresis), moved (the other pool ends it sooner), affinity (it would have moved "
+                    "but its session's cached prefix is worth more).",
+                ),
+                Panel(
+                    "Predicted vs observed TPOT",
+                    "timeseries",
+                    (
+                        Target(
+                            f"sum by (pool) (rate(gateway_tpot_predicted_seconds_total{{{P}}}[{RI}])) / "
+                            f"clamp_min(sum by (pool) (rate(gateway_tpot_compared_total{{{P}}}[{RI}])), 1e-9)",
+                            "predicted {{pool}}",
+                        ),
+                        Target(
+                            f"sum by (pool) (rate(gateway_tpot_observed_seconds_total{{{P}}}[{RI}])) / "
+                            f"clamp_min(sum by (pool) (rate(gateway_tpot_compared_total{{{P}}}[{RI}])), 1e-9)",
+                            "observed {{pool}}",
+                        ),
+                        Target(
+                            f"max by (pool) (gateway_tpot_error_ratio{{{P}}}) "
+                            f"or max by (pool) (gateway_tpot_compared_total{{{P}}}) * 0",
+                            "median |error| {{pool}}",
+                        ),
+                    ),
+                    unit="s",
+                    width=8,
+                    description="Mean predicted and observed TPOT of the requests the prediction routed, per "
+                    "pool chosen (0 while none was routed), and the median relative error over the last 256 "
+                    "(a ratio, read on the same axis).",
+                ),
+                Panel(
+                    "Speculative acceptance: pool and tenant",
+                    "timeseries",
+                    (
+                        Target(f"max by (pool) (gateway_spec_acceptance_ratio{{{P}}})", "acceptance {{pool}}"),
+                        Target(
+                            f"max by (pool, tenant, kind) (gateway_spec_tokens_per_step{{{TP}}})",
+                            "tokens/step {{pool}} {{tenant}} {{kind}}",
+                        ),
+                    ),
+                    unit="short",
+                    width=8,
+                    description="The gateway's view of speculation: accepted ÷ proposed draft tokens per pool "
+                    "(engine counters) and the tokens per decode step it expects, for the pool (tenant empty) "
+                    "and per tenant and request kind (learned from its streams).",
+                ),
+            ),
+        ),
+        Row(
             "Cluster: replicas, peer load, KV events, discovery and pre-warm",
             (
                 Panel(
@@ -790,9 +854,7 @@ COST = Dashboard(
                     "Discovery read errors and changes by pool",
                     "timeseries",
                     (
-                        Target(
-                            f"sum by (pool) (rate(gateway_discovery_errors_total{{{P}}}[{RI}]))", "{{pool}} errors"
-                        ),
+                        Target(f"sum by (pool) (rate(gateway_discovery_errors_total{{{P}}}[{RI}]))", "{{pool}} errors"),
                         Target(
                             f"sum by (pool) (rate(gateway_discovery_changes_total{{{P}}}[{RI}]))", "{{pool}} changes"
                         ),
@@ -807,8 +869,7 @@ COST = Dashboard(
                     "bargauge",
                     (
                         Target(
-                            f"sort_desc(sum by (pool, result) (increase(gateway_prewarm_runs_total{{{P}}}"
-                            f"[$__range])))",
+                            f"sort_desc(sum by (pool, result) (increase(gateway_prewarm_runs_total{{{P}}}[$__range])))",
                             "{{pool}} {{result}}",
                         ),
                     ),

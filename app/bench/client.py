@@ -11,6 +11,7 @@ from app.bench.apis import PATHS, STREAM_READERS, to_body, whole_text
 from app.bench.spec import RequestRecord
 from app.bench.workloads import BenchRequest
 from app.headers import COST_USD as COST_HEADER
+from app.headers import ROUTE as ROUTE_HEADER
 
 _COST_TRAILER = b": " + COST_HEADER.encode() + b" "  # a kvgate stream's cost, in an SSE comment before its end
 
@@ -87,6 +88,7 @@ class BenchClient:
             url = self._urls[req.session % len(self._urls)]
             async with self._session.post(url, data=payload, headers=headers) as resp:
                 rec.status = resp.status
+                rec.route = resp.headers.get(ROUTE_HEADER)
                 cost = resp.headers.get(COST_HEADER)
                 if cost is not None:
                     rec.cost_usd = float(cost)

@@ -109,6 +109,7 @@ class RequestRecord:
     token_chunks: int = 0
     warmup: bool = False  # sent during warm-up: kept in the records, left out of the summary
     cost_usd: float | None = None  # what a kvgate gateway billed it (x-kvgate-cost-usd, or a stream's trailer)
+    route: str | None = None  # a kvgate gateway's x-kvgate-route (which pool, and what decided)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data."""

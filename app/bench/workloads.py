@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-WORKLOADS = ("chat", "agent", "agent-static", "bulk", "mixed", "synthetic")
+WORKLOADS = ("chat", "agent", "agent-static", "bulk", "mixed", "synthetic", "code-chat")
 
 _WORD_TEXT = (
     "account agent api audit batch billing branch buffer build cache call change check client cluster commit "
@@ -252,7 +252,7 @@ class Workload:
         self._tools = tool_definitions()
         makers: dict[str, Callable[[int, random.Random], Session]] = {
             "chat": self._chat, "agent": self._agent, "agent-static": self._agent, "bulk": self._bulk,
-            "mixed": self._mixed, "synthetic": self._synthetic,
+            "mixed": self._mixed, "synthetic": self._synthetic, "code-chat": self._code_chat,
         }
         self._make = makers[name]
         self._count = _token_counter(options.tokenizer) if name == "synthetic" else None
@@ -304,6 +304,20 @@ class Workload:
         assert self._count is not None
         prompt = sized_prompt(rng, self.options.prompt_tokens, self._count)
         return self._base(index, rng, "interactive", [prompt], 128)
+
+    def _code_chat(self, index: int, rng: random.Random) -> Session:
+        # Interactive traffic of two kinds, `mixed_ratio` of it code edits: a fenced function to change and return
+        # whole (an ngram proposer's drafts are accepted often: the output repeats the input), the rest chat.
+        if rng.random() >= self.options.mixed_ratio:
+            return self._chat(index, rng)
+        name = "_".join(rng.sample(_WORDS, 2))
+        body = "\n".join(f"    {rng.choice(_WORDS)}_{k} = {rng.choice(_WORDS)}({rng.choice(_WORDS)}, {k})"
+                         for k in range(rng.randint(12, 24)))
+        task = (f"Rename `{rng.choice(_WORDS)}` to `{rng.choice(_WORDS)}` in this function and return the whole "
+                f"function, nothing else.\n```python\ndef {name}(x):\n{body}\n    return x\n```")
+        s = self._base(index, rng, "interactive", [task], 256)
+        s.system = "You are a careful coding assistant."
+        return s
 
     def _mixed(self, index: int, rng: random.Random) -> Session:
         interactive = rng.random() < self.options.mixed_ratio

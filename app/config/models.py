@@ -20,6 +20,7 @@ from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams
 from app.config.prewarm import PrewarmConfig
 from app.config.sessions import SessionSettings
 from app.config.tenants import AuthConfig, TenantConfig
+from app.config.tpot import TpotSettings
 from app.config.types import RouteClassName, StrictModel
 from app.config.upstream import UpstreamConfig
 
@@ -295,6 +296,7 @@ class RoutingConfig(StrictModel):
         "How long a response id → replica mapping is kept (vLLM's stored responses live in its process)."))
     prewarm: PrewarmConfig = Field(PrewarmConfig(), description=(
         "A joining replica replays the top prefixes before it takes traffic."))
+    tpot: TpotSettings = Field(TpotSettings(), description="Interactive requests' pool by predicted TPOT.")
 
     @model_validator(mode="before")
     @classmethod

@@ -38,8 +38,14 @@ def pick(
     body: Mapping[str, Any] | None = None,
     blocks: PromptBlocks | None = None,
     session: SessionKey | None = None,
+    tenant: str = "",
+    prompt_tokens: int = 0,
 ) -> RouteDecision:
     """Route one request; `exclude` holds replica URLs already tried (a failover retry).
+
+    An interactive request of a model with an interactive and a bulk pool goes where it is predicted to end
+    first once the TPOT router has data (cluster.tpot, app/routing/tpot); `tenant` and `prompt_tokens` feed it.
+    The reason is `tpot` when that sent it outside its class's pool; either way the route carries the prediction.
 
     With `body`, only pools that can serve its parameters are used (app/routing/capability.py). With `session`, a
     pool that routes sessions keeps it on its replica (app/routing/sessions.py).
@@ -58,7 +64,17 @@ def pick(
     may_leave = other is not None and cfg.allow_spill
     target = home
     candidates = home.candidates(exclude)
-    if may_leave and other is not None:
+    tpot = cluster.tpot if may_leave and reason is None and route_class == "interactive" else None
+    prediction = None
+    if tpot is not None and other is not None and body is not None and candidates and other.cfg.role != home.cfg.role:
+        other_candidates = other.candidates(exclude)
+        if other_candidates:
+            prediction = tpot.choose(home, candidates, other, other_candidates, body, tenant, key, prompt_tokens)
+    if prediction is not None and other is not None:
+        detail = f"tpot {prediction.outcome}"
+        if prediction.pool != home.name:  # the prediction, not the class, chose the pool: it is the reason
+            target, candidates, reason = other, other_candidates, "tpot"
+    elif may_leave and other is not None:
         if candidates:
             # Spill-over moves work between the two roles; a second pool of the same role only fails over.
             why = saturation(home, candidates, tuning) if other.cfg.role != home.cfg.role else None
@@ -94,4 +110,5 @@ def pick(
         cached_tokens=sel.cached_tokens,
         load_stamp=stamp,
         session=session.source if sessions is not None and session is not None else None,
+        prediction=prediction,
     )

@@ -25,6 +25,11 @@ SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+# Step time and prefill speed for app/routing/tpot (one ITL observation per decoding sequence per engine step).
+ITL_SUM = "vllm:inter_token_latency_seconds_sum"
+ITL_COUNT = "vllm:inter_token_latency_seconds_count"
+PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
+PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached"
 
 GAUGES = (RUNNING, WAITING, KV_USAGE)
 COUNTERS = (
@@ -38,6 +43,10 @@ COUNTERS = (
     SPEC_ACCEPTED,
     TTFT_SUM,
     TTFT_COUNT,
+    ITL_SUM,
+    ITL_COUNT,
+    PREFILL_TIME_SUM,
+    PROMPT_TOKENS_CACHED,
 )
 VLLM_SERIES = frozenset(GAUGES + COUNTERS)
 # A fraction per engine: several engines (data parallel) average, they do not add up.

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from app.config import GatewayConfig, PoolConfig
 from app.errors import FailureKind
+from app.records import PoolChooser
 from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
 from app.routing.engine_info import EngineInfo
@@ -335,7 +336,7 @@ class PoolState:
 class ClusterState:
     """All pools by name, built from the config; the one object scrapers write and pick reads."""
 
-    __slots__ = ("memo", "peer_clock", "pools")
+    __slots__ = ("memo", "peer_clock", "pools", "tpot")
 
     def __init__(self, pools: dict[str, PoolState]) -> None:
         self.pools = pools
@@ -344,6 +345,7 @@ class ClusterState:
         self.peer_clock: Callable[[], str | None] | None = None
         # Per-(model, class) lookups that only depend on the config this state was built from.
         self.memo: dict[Any, Any] = {}
+        self.tpot: PoolChooser | None = None  # interactive pool by predicted TPOT (app/routing/tpot); None: by class
 
     @classmethod
     def from_config(

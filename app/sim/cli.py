@@ -22,6 +22,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", default=None, metavar="ngram:K:ACCEPT[:DRAFT]",
                    help="speculative decoding: K draft tokens, each accepted with probability ACCEPT; "
                         "DRAFT (default 1) = share of steps where the proposer has a draft")  # fmt: skip
+    p.add_argument("--spec-accept-when", action="append", default=[], metavar="MARKER=ACCEPT",
+                   help="a request whose body contains MARKER accepts drafts with probability ACCEPT (repeatable; "
+                        "first match wins; others use --speculative's ACCEPT)")  # fmt: skip
     p.add_argument("--time-scale", type=float, default=1.0, help="run the clock X times faster")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a model folder (tokenizer.json + chat template: chat prompts tokenized as the gateway "
@@ -75,6 +78,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         block_size=args.block_size,
         max_model_len=args.max_model_len,
         speculative=args.speculative,
+        spec_accept_when=tuple(args.spec_accept_when),
         time_scale=args.time_scale,
         step_trace=args.step_trace,
         tokenizer=args.tokenizer,
@@ -98,6 +102,7 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         publish_max_num_seqs=args.publish_max_num_seqs,
     )
     opts.scheduler_config()
+    opts.accept_rules()
     opts.hash_algo()
     opts.validate_kv_events()
     return opts

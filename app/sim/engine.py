@@ -193,6 +193,7 @@ class Engine:
         priority: int,
         sink: Callable[[int, int, int], None] | None = None,
         resume: Sequence[int] = (),
+        accept: float = -1.0,
     ) -> OutputStream:
         """Queue n sequences for one API request; their tokens arrive on the returned stream (or its sink)."""
         stream = OutputStream(n, sink)
@@ -213,6 +214,7 @@ class Engine:
                 emit=functools.partial(_push_choice, stream, i),
                 block_size=self.pool.block_size,
                 algo=self.pool.hash_algo,
+                accept=accept,
             )
             stream.reqs.append(req)
         delay = self.config.profile.request_overhead_s / self.config.time_scale

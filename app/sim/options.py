@@ -8,6 +8,7 @@ from app.kvcache.hashing import HashAlgo
 from app.sim.kv_cache import HASH_ALGOS
 from app.sim.profiles import Profile, get_profile
 from app.sim.scheduler import SchedulerConfig
+from app.sim.spec_accept import AcceptRules
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,7 @@ class SimOptions:
     block_size: int | None = None  # tokens per KV block; default: the profile's (16 GPU, 128 vLLM-CPU)
     max_model_len: int | None = None
     speculative: str | None = None  # "ngram:K:ACCEPT"
+    spec_accept_when: tuple[str, ...] = ()  # "MARKER=ACCEPT": per-request acceptance (app/sim/spec_accept.py)
     time_scale: float = 1.0
     step_trace: bool = False  # record steps and requests for GET /sim/step_trace (app.sim.steptrace)
     # A model folder (tokenizer.json + chat template, as app.kvcache.tokens reads it): chat prompts rendered and
@@ -82,6 +84,10 @@ class SimOptions:
     def spec(self) -> SpecConfig | None:
         """Parsed speculative config, if any."""
         return SpecConfig.parse(self.speculative) if self.speculative else None
+
+    def accept_rules(self) -> AcceptRules:
+        """The per-request acceptance rules, validated."""
+        return AcceptRules.parse(self.spec_accept_when)
 
     def scheduler_config(self) -> SchedulerConfig:
         """Scheduler knobs with profile defaults filled in."""

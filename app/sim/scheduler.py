@@ -244,7 +244,8 @@ class Scheduler:
                 continue  # a prefill chunk: nothing sampled yet
             accepted = 0
             if s.num_draft:
-                while accepted < s.num_draft and rng.random() < accept:
+                p_accept = req.accept if req.accept >= 0 else accept
+                while accepted < s.num_draft and rng.random() < p_accept:
                     accepted += 1
                 c.spec_drafts += 1
                 c.spec_draft_tokens += s.num_draft

@@ -102,6 +102,7 @@ class GenerationEndpoint:
             priority=gen.priority,
             sink=sink,
             resume=gen.resume_ids,
+            accept=st.accept_rules.for_body(raw),
         )
         watcher = asyncio.create_task(watch_disconnect(receive, st, stream))
         try:

@@ -26,6 +26,7 @@ class SimState:
         options.validate_kv_events()
         spec = options.spec()
         self.spec_enabled = spec is not None
+        self.accept_rules = options.accept_rules()
         self.engine = Engine(
             EngineConfig(
                 profile=options.resolved_profile(),

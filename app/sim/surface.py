@@ -113,10 +113,12 @@ class SurfaceEndpoint:
         except SimHTTPError as e:
             await send_whole(send, e.status, e.body(), out_headers)
             return
-        await self.run(job, send, receive, out_headers)
+        await self.run(job, send, receive, out_headers, self.state.accept_rules.for_body(raw))
 
-    async def run(self, job: Job, send: Send, receive: Receive, out_headers: list[tuple[bytes, bytes]]) -> None:
-        """Submit `job` to the engine and answer it (streamed or whole)."""
+    async def run(
+        self, job: Job, send: Send, receive: Receive, out_headers: list[tuple[bytes, bytes]], accept: float = -1.0
+    ) -> None:
+        """Submit `job` to the engine and answer it (streamed or whole); `accept`: its drafts' acceptance."""
         st = self.state
         sender: DirectSender | None = None
         sink = None
@@ -139,6 +141,7 @@ class SurfaceEndpoint:
             priority=job.priority,
             sink=sink,
             resume=job.resume_ids,
+            accept=accept,
         )
         watcher = asyncio.create_task(watch_disconnect(receive, st, stream))
         try:

@@ -67,7 +67,8 @@ def test_cost_dashboard_rows_cover_the_operator_page() -> None:
     data = _load("kvgate-cost.json")
     rows = [p["title"] for p in data["panels"] if p["type"] == "row"]
     cluster = "Cluster: replicas, peer load, KV events, discovery and pre-warm"
-    assert rows == ["Spend", "Tokens and prefix cache", "Latency", "Routing and limits", cluster]
+    tpot = "Speculation where it pays: interactive pool by predicted TPOT"
+    assert rows == ["Spend", "Tokens and prefix cache", "Latency", "Routing and limits", tpot, cluster]
     targets = dashboard_targets(ROOT / "grafana" / "dashboards" / "kvgate-cost.json")
     queried = set().union(*(metric_names(e) for _, e in targets))
     must = {
@@ -80,7 +81,10 @@ def test_cost_dashboard_rows_cover_the_operator_page() -> None:
         "gateway_discovery_replicas", "gateway_prewarm_runs_total", "gateway_prewarm_requests_total",
         "gateway_prewarm_tokens_total", "gateway_prewarm_duration_seconds_sum", "gateway_pool_replicas",
         "gateway_peer_load_processes", "gateway_peer_load_in_force", "gateway_peer_load_exchanges_total",
-        "gateway_peer_load_clock_offset_seconds",
+        "gateway_peer_load_clock_offset_seconds", "gateway_tpot_decisions_total",
+        "gateway_tpot_predicted_seconds_total",
+        "gateway_tpot_observed_seconds_total", "gateway_tpot_compared_total", "gateway_tpot_error_ratio",
+        "gateway_spec_acceptance_ratio", "gateway_spec_tokens_per_step",
     }  # fmt: skip
     assert must <= queried
 
