@@ -156,5 +156,13 @@ def test_metrics_cache_config_info_carries_block_size_blocks_and_hash_algo() -> 
         text = httpx.get(url + "/metrics").text
     line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
     for label in ('block_size="32"', 'num_gpu_blocks="123"', 'prefix_caching_hash_algo="sha256"',
-                  'enable_prefix_caching="True"', 'max_num_seqs="7"'):  # fmt: skip
+                  'enable_prefix_caching="True"'):  # fmt: skip
         assert label in line
+    assert "max_num_seqs" not in line  # as vLLM 0.32: it publishes --max-num-seqs nowhere
+
+
+def test_metrics_cache_config_info_carries_max_num_seqs_only_when_asked_to() -> None:
+    with running_sim(max_num_seqs=7, publish_max_num_seqs=True) as url:
+        text = httpx.get(url + "/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
+    assert 'max_num_seqs="7"' in line
