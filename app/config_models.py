@@ -5,6 +5,7 @@ Loading (YAML file, environment overrides, every problem with its key path) is i
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
@@ -61,6 +62,25 @@ class Listen(_Strict):
     body_timeout_s: float = Field(30.0, gt=0)
     # Open connections one client address may hold at once; one more is answered 503 and closed.
     max_connections_per_client: int = Field(256, ge=1)
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="CIDRs of load balancers/proxies in front of the gateway (e.g. 10.0.0.0/8). A connection from "
+        "one counts against listen.max_connections_per_client as the client its forwarded_for_header names "
+        "(the rightmost address that is not a trusted proxy); empty: every peer address is its own client.",
+    )
+    forwarded_for_header: str = Field(
+        "x-forwarded-for",
+        description="The header trusted proxies name the client address in (comma-separated hops, as "
+        "X-Forwarded-For); read only on connections from listen.trusted_proxies.",
+    )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024,
+        description="Most bytes a request's URL and headers may take; more is answered 431 and the connection "
+        "closed (bytes of a header still open are not kept past this plus one 256 KiB read).",
+    )  # fmt: skip
+    max_header_count: int = Field(
+        128, ge=8, description="Most headers one request may send; more is answered 431 and the connection closed."
+    )
     # An idle keep-alive connection is closed after this long.
     keepalive_timeout_s: float = Field(5.0, gt=0)
     # On SIGTERM: /ready turns 503 and the listener stays open drain_notice_s more (load balancers see the
@@ -69,6 +89,13 @@ class Listen(_Strict):
     drain_notice_s: float = Field(1.0, ge=0)
     # Processes serving this port (SO_REUSEPORT); more than one needs a shared store (store.url).
     workers: int = Field(1, ge=1, le=64)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for cidr in v:
+            ipaddress.ip_network(cidr, strict=False)  # raises ValueError naming the bad entry
+        return v
 
 
 class StoreConfig(_Strict):

@@ -5,15 +5,46 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
 from app.api.surfaces import SURFACES, Surface
 from app.config import GatewayConfig
 from app.context import RequestContext
-from app.errors import bad_request, not_found
+from app.errors import GatewayError, bad_request, not_found
 
 _MAX_REQUEST_ID = 128
+# Deepest nesting of arrays and objects a body may have. orjson reads 1024 levels; the gateway's walkers of
+# content (token estimate, prompt view, tool canonicalization, chat rendering) recurse, and 990 levels of a
+# chat content, a completions prompt or an embeddings input hit Python's recursion limit (a 500). Real
+# bodies nest a few levels (a tool's JSON schema a few dozen at most).
+MAX_DEPTH = 64
+
+
+def too_deep(limit: int = MAX_DEPTH) -> GatewayError:
+    """400: nested deeper than the gateway walks."""
+    return bad_request(f"The request body is nested more than {limit} levels deep.", code="invalid_json")
+
+
+def deeper_than(body: Any, raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether `body` nests arrays/objects more than `limit` levels, without recursion.
+
+    A body with at most `limit` brackets cannot nest deeper (two C-speed counts decide most bodies); others are
+    walked container by container (strings and numbers are not visited).
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
 
 
 def request_id_from(headers: Mapping[str, str]) -> str:
@@ -39,6 +70,8 @@ def parse_request(
         ) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    if deeper_than(body, raw):
+        raise too_deep()
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("you must provide a model parameter", param="model")

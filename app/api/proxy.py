@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from app.api.parse import parse_request, request_id_from
+from app.api.parse import parse_request, request_id_from, too_deep
 from app.api.surfaces import SURFACES, Surface
-from app.errors import GatewayError, bad_request, too_large
+from app.errors import GatewayError, too_large
 from app.headers import REQUEST_ID
 from app.pipeline import Gateway, Reply
 
@@ -36,11 +36,6 @@ def internal_error(request_id: str) -> GatewayError:
     """500: an exception the request path did not expect (the log has it under the request id)."""
     return GatewayError(500, f"The gateway failed on this request (request id {request_id}).", type="server_error",
                         code="internal_error")  # fmt: skip
-
-
-def too_deep() -> GatewayError:
-    """400: orjson reads documents up to 1024 levels deep but writes only 255; the gateway must write bodies."""
-    return bad_request("The request body is nested too deeply.", code="invalid_json")
 
 
 def body_timeout(seconds: float) -> GatewayError:

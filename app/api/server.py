@@ -7,6 +7,15 @@ forever. The protocol below arms a timer from the connection (or the next reques
 headers are complete, and from then until the body is complete; a timer that fires closes the socket and
 counts it. The inference endpoints answer a late body with a 408 in their envelope first (`app/api/proxy.py`);
 the protocol's body timer, a little later, is the backstop for every other path.
+
+Headers are bounded too (httptools itself keeps a header's bytes until it ends, without a limit: 24 connections
+sending 100 MiB headers took the process from 109 to 1,026 MiB RSS): over `listen.max_header_bytes` (URL and
+headers) or `listen.max_header_count` the connection gets a 431 in its API's envelope and is closed, and bytes
+of a header block that is still open are not kept past the limit plus one read. Malformed HTTP gets a 400 in
+the envelope too (uvicorn's own answer is text/plain).
+
+Behind a load balancer every client arrives from its address: with `listen.trusted_proxies`, a connection from
+one of them counts against the client its forwarded-for header names (app/api/client_address.py).
 """
 
 from __future__ import annotations
@@ -25,12 +34,16 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.api.client_address import ClientAddresses
 from app.config_models import Listen
 from app.errors import error_body
 
 Phase = Literal["header", "body"]
 # The protocol's body timer fires this much after the endpoint's own deadline, which answers with a 408 first.
 BODY_BACKSTOP_S = 1.0
+# A read's worth of bytes (uvloop and asyncio read up to 256 KiB at a time): a header block still open after a
+# read counts all of that read, which may have begun with the previous request's body.
+READ_SLACK = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -41,6 +54,7 @@ class ConnectionStats:
     body_timeouts: int = 0
     refused: int = 0
     open: int = 0
+    headers_too_large: int = 0
 
     def timed_out(self, phase: Phase) -> None:
         """Count one socket closed (or answered 408) because its headers or body came too late."""
@@ -57,13 +71,20 @@ class ConnectionGuard:
     header_timeout_s: float
     body_timeout_s: float
     max_per_client: int
+    max_header_bytes: int = 64 * 1024
+    max_header_count: int = 128
+    addresses: ClientAddresses = field(default_factory=ClientAddresses)
     stats: ConnectionStats = field(default_factory=ConnectionStats)
     per_client: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_listen(cls, listen: Listen) -> ConnectionGuard:
         """The guard the `listen` section configures."""
-        return cls(listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client)
+        return cls(
+            listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client,
+            listen.max_header_bytes, listen.max_header_count,
+            ClientAddresses.from_listen(listen),
+        )  # fmt: skip
 
     def admit(self, peer: str) -> bool:
         """Take one connection slot of `peer`; False (and nothing taken) when it holds all of them."""
@@ -100,6 +121,10 @@ def register_connection_metrics(meter: Meter, stats: ConnectionStats) -> None:
         "gateway.connections.refused", [lambda o: [Observation(stats.refused)]], "{connection}",
         "Connections answered 503 because their client address held listen.max_connections_per_client",
     )  # fmt: skip
+    meter.create_observable_counter(
+        "gateway.connections.headers_too_large", [lambda o: [Observation(stats.headers_too_large)]], "{connection}",
+        "Connections answered 431 because their headers passed listen.max_header_bytes or max_header_count",
+    )  # fmt: skip
     meter.create_observable_gauge(
         "gateway.connections.open", [lambda o: [Observation(stats.open)]], "{connection}",
         "Client connections open now",
@@ -119,6 +144,10 @@ def _envelope(path: bytes, status: int, message: str, kind: str, code: str) -> b
             anthropic_type = "timeout_error"
         return orjson.dumps({"type": "error", "error": {"type": anthropic_type, "message": message}})
     return error_body(message, kind, None, code)
+
+
+class _HeadersTooLarge(Exception):
+    """Raised in a parser callback: httptools stops and uvicorn calls send_400_response (answered 431)."""
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
@@ -141,12 +170,21 @@ class _GuardedBase(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._peer: str | None = None
         self._got_bytes = False
+        self._in_head = True
+        self._head_bytes = 0  # exact: URL and completed headers
+        self._head_raw = 0  # bytes read while a header block stays open (an upper bound of what httptools holds)
+        self._head_count = 0
+        self._too_large: str | None = None
+        self._gateway_app = self.app
+        self._via_proxy = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection against its client address and start the header deadline."""
         super().connection_made(transport)
         peer = self.client[0] if self.client else ""
-        if self.guard.admit(peer):
+        if self.guard.addresses.trusts(peer):
+            self._via_proxy = True  # counted per forwarded client, once each request's headers are in
+        elif self.guard.admit(peer):
             self._peer = peer
         else:
             self.app = _refuse  # answered once its headers are in, then closed
@@ -161,19 +199,22 @@ class _GuardedBase(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser (whose callbacks move the deadlines)."""
+        """Feed the parser (whose callbacks move the deadlines and count header bytes)."""
         self._got_bytes = True
         super().data_received(data)
+        self._bound_open_head(len(data))
 
     def on_message_begin(self) -> None:
         """A request's first byte: its headers are due (the connection's own deadline if still running)."""
         super().on_message_begin()
+        self._start_head()
         if self._timer is None:
             self._arm(self.guard.header_timeout_s, "header")
 
     def on_headers_complete(self) -> None:
         """Headers in time: the body is due next."""
         self._disarm()
+        self._end_head()
         super().on_headers_complete()
         if not self.pipeline:  # a queued (pipelined) request is not read until its turn: no deadline yet
             self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
@@ -182,6 +223,76 @@ class _GuardedBase(HttpToolsProtocol):
         """The whole request arrived: no deadline while the app works (keep-alive idling is uvicorn's)."""
         self._disarm()
         super().on_message_complete()
+        self._in_head = True  # the next bytes on this connection are the next request's headers
+
+    # -- header bounds, parse errors, forwarded-for (see the module doc) --------------------------------
+    def on_url(self, url: bytes) -> None:
+        """Count the URL against the header bytes."""
+        self._count_head(len(url), 0)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Count one header against the header bytes and count."""
+        self._count_head(len(name) + len(value) + 4, 1)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _start_head(self) -> None:
+        self._in_head = True
+        self._head_bytes = self._head_raw = self._head_count = 0
+
+    def _end_head(self) -> None:
+        self._in_head = False
+        if self._via_proxy:
+            self._admit_forwarded()
+
+    def _count_head(self, size: int, count: int) -> None:
+        self._head_bytes += size
+        self._head_count += count
+        if self._head_bytes > self.guard.max_header_bytes:
+            self._too_large = f"The request headers exceed {self.guard.max_header_bytes} bytes."
+        elif self._head_count > self.guard.max_header_count:
+            self._too_large = f"The request has more than {self.guard.max_header_count} headers."
+        else:
+            return
+        raise _HeadersTooLarge
+
+    def _bound_open_head(self, size: int) -> None:
+        """After a read: a header block still open must not grow past the limit plus a read."""
+        if not self._in_head or self.transport.is_closing():
+            return
+        self._head_raw += size
+        if self._head_raw > self.guard.max_header_bytes + READ_SLACK:
+            self._too_large = f"The request headers exceed {self.guard.max_header_bytes} bytes."
+            self.send_400_response(self._too_large)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes it cannot parse, in the API's envelope: 431 for headers over the bounds."""
+        if self.transport.is_closing():
+            return
+        path = getattr(self, "url", b"") or b""
+        if self._too_large is not None:
+            self.guard.stats.headers_too_large += 1
+            body = _envelope(path, 431, self._too_large, "invalid_request_error", "request_headers_too_large")
+            self.transport.write(_raw_response(431, b"Request Header Fields Too Large", body))
+        else:
+            message = "The request is not valid HTTP/1.1 and could not be parsed."
+            body = _envelope(path, 400, message, "invalid_request_error", "invalid_http")
+            self.transport.write(_raw_response(400, b"Bad Request", body))
+        self.transport.close()
+
+    def _admit_forwarded(self) -> None:
+        """A request through a trusted proxy: hold a slot of the client its forwarded-for header names."""
+        client = self.guard.addresses.client_of(self.client[0] if self.client else "", self.headers)
+        if client == self._peer:
+            return
+        if self._peer is not None:
+            self.guard.leave(self._peer)
+            self._peer = None
+        if self.guard.admit(client):
+            self._peer = client
+            self.app = self._gateway_app
+        else:
+            self.app = _refuse
 
     def _arm(self, seconds: float, phase: Phase) -> None:
         self._disarm()

@@ -8,8 +8,14 @@ were most of a script call's CPU.
 
 Failure model (the store turns these into StoreUnavailable and its cool-off):
 - the connection drops, or cannot be opened within `timeout_s`: `RespConnectionError`;
-- a command waits longer than `timeout_s` for its reply: `RespTimeout`. The connection is then
-  dropped (a late reply would answer the wrong future) and every command still waiting on it fails;
+- a command waits longer than `timeout_s` for its reply: `RespTimeout`, for that command only. The
+  deadline is Redis' answer, not the gateway's loop: when the timer fires, a reply already in the socket
+  (the loop was busy, e.g. a burst of 100 requests parsed at once, and has not read it yet) is not a timeout.
+  A timed-out command keeps its place in the FIFO, so its late reply is read and dropped and later
+  commands still get their own replies; the connection is dropped only when nothing at all has arrived
+  for `dead_after_s` while commands wait (a dead peer). Before 2026-12-02 the first late reply dropped the
+  connection and failed every waiting command: a 100-request burst over 2 gateways let `rpm: 50` pass 85 to 88
+  (the store's cool-off then served the rest unenforced);
 - Redis answers with an error reply: `RespError` (for that command only; the connection stays).
 The next command after a drop opens a new connection. Nothing is retried here: a command that may
 have run (timeout, drop after sending) must not silently run twice.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import select
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, cast
@@ -131,13 +138,21 @@ def parse_reply(buf: bytes, pos: int) -> tuple[Reply | RespError, int]:
     raise RespProtocolError(f"unexpected RESP type byte {kind!r}")
 
 
+def dead_after(timeout_s: float) -> float:
+    """How long a connection may stay silent while commands wait before it is taken for dead."""
+    return max(4 * timeout_s, 1.0)
+
+
 class _Conn(asyncio.Protocol):
     """One connection: writes commands, matches replies to waiting futures in FIFO order."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
         self.loop = loop
         self.timeout_s = timeout_s
+        self.dead_after_s = dead_after(timeout_s)
         self.transport: asyncio.Transport | None = None
+        self.fd = -1
+        self.last_rx = loop.time()
         self.closed = False
         self.waiters: deque[tuple[asyncio.Future[Any], float]] = deque()
         self.buf = b""
@@ -151,9 +166,12 @@ class _Conn(asyncio.Protocol):
         """Keep the transport."""
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
         """Resolve one waiter per complete reply; keep a cut-off tail for the next chunk."""
+        self.last_rx = self.loop.time()
         buf = self.buf + data if self.buf else data
         pos = 0
         size = len(buf)
@@ -229,11 +247,39 @@ class _Conn(asyncio.Protocol):
         self.timer = None
         if not self.waiters or self.closed:
             return
-        deadline = self.waiters[0][1]
-        if deadline <= self.loop.time():
-            self.fail(RespTimeout(f"no reply from redis within {self.timeout_s:g} s"))
-        else:
-            self.timer = self.loop.call_at(deadline, self._on_timer)
+        now = self.loop.time()
+        if self._reply_waiting():
+            # Redis answered; the loop has not read it yet (it was busy). Not a timeout: look again once
+            # the loop has had a turn at its sockets.
+            self.timer = self.loop.call_at(now + min(self.timeout_s, 0.05), self._on_timer)
+            return
+        # Silent since the later of its last byte and the oldest waiting command's write: dead.
+        silent_since = max(self.last_rx, self.waiters[0][1] - self.timeout_s)
+        if now - silent_since >= self.dead_after_s:
+            self.fail(RespTimeout(f"no bytes from redis for {self.dead_after_s:g} s; connection dropped"))
+            return
+        # Fail only the commands past their deadline; each keeps its place, so its late reply is read and
+        # dropped (as for a cancelled caller) and the connection goes on serving the others.
+        next_at = silent_since + self.dead_after_s
+        for fut, deadline in self.waiters:
+            if fut.done():
+                continue
+            if deadline > now:
+                next_at = min(next_at, deadline)
+                break
+            fut.set_exception(RespTimeout(f"no reply from redis within {self.timeout_s:g} s"))
+        self.timer = self.loop.call_at(max(next_at, now + 0.001), self._on_timer)
+
+    def _reply_waiting(self) -> bool:
+        """Whether bytes from Redis sit unread in the socket (one non-blocking poll; only when a timer fires)."""
+        if self.fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        try:
+            return bool(poller.poll(0))
+        except OSError:
+            return False
 
     def fail(self, err: Exception) -> None:
         """Drop the connection and fail every waiting command with `err`."""

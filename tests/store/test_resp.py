@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,6 +17,7 @@ from app.store.resp import (
     RespError,
     RespTimeout,
     ScriptCall,
+    dead_after,
     encode_command,
     parse_reply,
 )
@@ -156,7 +158,7 @@ async def test_a_server_restart_fails_waiting_commands_then_the_next_command_rec
         await c.aclose()
 
 
-async def test_replies_later_than_the_timeout_fail_every_waiting_command_then_it_recovers(
+async def test_replies_later_than_the_timeout_fail_their_commands_and_the_connection_serves_on(
     own_redis: RedisServer,
 ) -> None:
     admin = aioredis.from_url(own_redis.url, socket_timeout=5)
@@ -168,7 +170,59 @@ async def test_replies_later_than_the_timeout_fail_every_waiting_command_then_it
                                        return_exceptions=True)
         assert all(isinstance(r, RespTimeout) for r in results)
         await admin.ping()  # answered once the pause is over
+        # The late replies of the three were read and dropped: the next command gets its own.
         assert await c.execute(encode_command("ECHO", "back")) == b"back"
+    finally:
+        await c.aclose()
+        await admin.aclose()
+
+
+async def test_a_reply_that_arrived_while_the_loop_was_busy_is_not_a_timeout(client: RespClient) -> None:
+    short = RespClient(client._addr, 0.05)
+    try:
+        assert await short.execute(encode_command("PING")) == b"PONG"
+        pending = asyncio.ensure_future(short.execute(encode_command("ECHO", "late-read")))
+        await asyncio.sleep(0)  # written
+        time.sleep(0.3)  # the loop is busy (a burst being parsed) well past the deadline; Redis answered long ago
+        assert await pending == b"late-read"
+    finally:
+        await short.aclose()
+
+
+_BUSY = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') until " \
+        "(t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1]) return 1"
+
+
+async def test_one_slow_reply_fails_only_its_command_not_the_ones_behind_it(client: RespClient) -> None:
+    c = RespClient(client._addr, 1.0)
+    try:
+        assert await c.execute(encode_command("PING")) == b"PONG"
+        slow = asyncio.ensure_future(c.execute(encode_command("EVAL", _BUSY, 0, 1_300_000)))
+        await asyncio.sleep(0.8)
+        behind = asyncio.ensure_future(c.execute(encode_command("ECHO", "behind")))  # due 1.8 s after the slow one
+        with pytest.raises(RespTimeout):
+            await slow  # Redis busy 1.3 s: past its 1 s
+        assert await behind == b"behind"
+    finally:
+        await c.aclose()
+
+
+async def test_a_connection_silent_past_dead_after_is_dropped_and_the_next_command_reconnects(
+    own_redis: RedisServer,
+) -> None:
+    admin = aioredis.from_url(own_redis.url, socket_timeout=5)
+    c = RespClient(address(own_redis.url), 0.1)
+    try:
+        assert await c.execute(encode_command("PING")) == b"PONG"
+        first = c._conn
+        await admin.execute_command("CLIENT", "PAUSE", int(dead_after(0.1) * 1000) + 500, "ALL")
+        with pytest.raises(RespTimeout):
+            await c.execute(encode_command("ECHO", "x"))
+        while first is not None and not first.closed:
+            await asyncio.sleep(0.05)
+        await admin.ping()
+        assert await c.execute(encode_command("ECHO", "fresh")) == b"fresh"
+        assert c._conn is not first
     finally:
         await c.aclose()
         await admin.aclose()

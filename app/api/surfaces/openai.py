@@ -12,6 +12,7 @@ from app.api.surfaces.base import (
     Parsed,
     StreamObserver,
     WarmRequest,
+    int_in,
     number_in,
     positive_int,
     record_usage,
@@ -28,6 +29,10 @@ _BARE_DATA = b"data:{"
 _USAGE, _USAGE_NULL = b'"usage"', b'"usage":null'
 _FINISH, _FINISH_NULL = b'"finish_reason"', b'"finish_reason":null'
 _FINISH_NULL_LEN = len(_FINISH_NULL)
+# OpenAI's bounds on the request multipliers (vLLM's default max_logprobs is 20 too).
+MAX_N = 128
+MAX_BEST_OF = 20
+MAX_LOGPROBS = 20
 
 
 def capture_usage(usage_obj: Mapping[str, Any] | None, into: Usage) -> None:
@@ -185,7 +190,11 @@ class OpenAISurface:
         if stream and not self.can_stream:
             raise bad_request(f"{self.name} cannot be streamed", param="stream")
         positive_int(body, "max_tokens")
-        positive_int(body, "n")
+        int_in(body, "n", 1, MAX_N)
+        int_in(body, "best_of", 1, MAX_BEST_OF)
+        int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if not isinstance(body.get("logprobs"), bool):  # chat's is a flag; completions' a count
+            int_in(body, "logprobs", 0, MAX_LOGPROBS)
         number_in(body, "temperature", 0, 2)
         number_in(body, "top_p", 0, 1)
         wants_usage = False

@@ -10,6 +10,7 @@ import orjson
 from app.api.surfaces.base import (
     Parsed,
     WarmRequest,
+    int_in,
     leading_then_user,
     number_in,
     positive_int,
@@ -19,7 +20,7 @@ from app.api.surfaces.base import (
     usage_in,
     warm_within,
 )
-from app.api.surfaces.openai import OpenAISurface
+from app.api.surfaces.openai import MAX_LOGPROBS, OpenAISurface
 from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 from app.context import Operation, RequestContext, Usage
 from app.errors import GatewayError, bad_request
@@ -119,6 +120,7 @@ class ResponsesSurface(OpenAISurface):
             raise bad_request("'tools' must be an array", param="tools")
         stream = stream_flag(body)
         positive_int(body, "max_output_tokens")
+        int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
         number_in(body, "temperature", 0, 2)
         number_in(body, "top_p", 0, 1)
         return Parsed(stream, True)
