@@ -291,6 +291,16 @@ class AuthConfig(_Strict):
     # With required: false, these keys mean "anonymous" (SDKs insist on sending one; vLLM's docs use
     # EMPTY). Any other key must name a tenant (401 otherwise), so a typo'd key is never billed anonymously.
     anonymous_keys: list[str] = Field(default_factory=lambda: ["EMPTY"])
+    metrics_access: Literal["open", "admin_key", "off"] = Field(
+        "open",
+        description="Who may GET /metrics (its labels name every tenant): open (the default: the shipped compose "
+        "and Kubernetes Prometheus scrapes send no key), admin_key (Authorization: Bearer <one of auth.admin_keys>;"
+        " Prometheus: `authorization: {credentials: <key>}`), or off (404).",
+    )
+    docs_access: Literal["open", "admin_key", "off"] = Field(
+        "admin_key",
+        description="Who may read /docs, /redoc and /openapi.json: open, admin_key (the default) or off (404).",
+    )
 
 
 class TelemetryConfig(_Strict):

@@ -28,7 +28,7 @@ from app.kvcache.replies import ReplyLearner
 from app.kvcache.subscriber import EventSource, KvEventsHub
 from app.kvcache.tokens import ChatRenderError
 from app.limits import Limiter
-from app.normalize import VolatilityMemory, normalize, salt_for_tenant
+from app.normalize import VolatilityMemory, client_salt, normalize, salt_for_tenant
 from app.normalize.shared import SharedLearning
 from app.prewarm.memory import PrefixMemory
 from app.prewarm.warmer import Prewarmer
@@ -233,7 +233,7 @@ class Gateway:
         )
         if ctx.normalize_report.applied:
             ctx.prompt = ctx.surface.view(ctx.body)
-        ctx.cache_salt = self._salt(tenant)
+        ctx.cache_salt = self._salt(tenant, ctx.body.get("cache_salt"))
         # classify
         ctx.route_class = classify(
             ctx.body, ctx.headers, tenant, self.cfg.routing, degraded=admission.degraded is not None
@@ -242,7 +242,7 @@ class Gateway:
         assert self.dispatcher is not None, "Gateway.start() opens the upstream"
         previous = ctx.body.get("previous_response_id") if ctx.surface is RESPONSES else None
         if isinstance(previous, str):
-            holder = ResponseRoutes.usable(previous, await self.responses.recall(previous))
+            holder = ResponseRoutes.usable(previous, await self.responses.recall(previous), tenant.id)
             ctx.pinned = (holder.pool, holder.replica)
         # admission: the pool's fair queue (only where enabled; waits only while that pool is saturated)
         if self.queues:
@@ -301,7 +301,9 @@ class Gateway:
         if queue is not None and pool is not None:
             queue.on_state_change(pool.candidates())
 
-    def _salt(self, tenant: Tenant) -> str | None:
+    def _salt(self, tenant: Tenant, sent: object) -> str | None:
+        if isinstance(sent, str) and sent:  # the client's own salt goes only namespaced under its tenant
+            return client_salt(tenant.id, self.cfg.normalize.salt_secret, sent)
         # An HMAC per request is measurable; a tenant's salt never changes while the config lives.
         if tenant.id not in self._salts:
             self._salts[tenant.id] = salt_for_tenant(tenant, self.cfg.normalize.salt_secret)
@@ -330,7 +332,7 @@ class Gateway:
     async def _remember_response(self, ctx: RequestContext) -> None:
         # Only the Responses API stores responses on the replica (previous_response_id, GET, cancel).
         if ctx.surface is RESPONSES and ctx.response_id and ctx.route is not None and ctx.status == 200:
-            holder = Holder(ctx.route.pool, ctx.route.replica, ctx.model, migrated=ctx.migrations > 0)
+            holder = Holder(ctx.route.pool, ctx.route.replica, ctx.model, ctx.migrations > 0, ctx.tenant_id)
             await self.responses.remember(ctx.response_id, holder)
 
     async def _complete_reply(self, ctx: RequestContext, reply: Complete) -> Reply:

@@ -43,8 +43,8 @@ class StoredResponseEndpoint:
         method = scope["method"]
         if not response_id or (action, method) not in {("", "GET"), ("cancel", "POST")}:
             raise not_found(f"Unknown path {scope['path']} ({method}).", code="unknown_url")
-        await gw.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
-        holder = ResponseRoutes.usable(response_id, await gw.responses.recall(response_id))
+        tenant = await gw.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
+        holder = ResponseRoutes.usable(response_id, await gw.responses.recall(response_id), tenant.id)
         pool = gw.cluster.pools.get(holder.pool)
         replica = next((r for r in pool.replicas if r.url == holder.replica), None) if pool else None
         if replica is None or not replica.available():

@@ -6,7 +6,7 @@
 from app.normalize.memory import VolatilityMemory
 from app.normalize.placement import BLOCK_CLOSE, BLOCK_OPEN
 from app.normalize.rules import RULES
-from app.normalize.salt import cache_salt_for, salt_for_tenant
+from app.normalize.salt import cache_salt_for, client_salt, salt_for_tenant
 from app.normalize.stage import normalize
 from app.normalize.tools import canonicalize_tools
 
@@ -17,6 +17,7 @@ __all__ = [
     "VolatilityMemory",
     "cache_salt_for",
     "canonicalize_tools",
+    "client_salt",
     "normalize",
     "salt_for_tenant",
 ]
