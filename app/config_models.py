@@ -24,6 +24,7 @@ from app.routing.round_robin import RoundRobinParams
 
 RouteClassName = Literal["interactive", "bulk"]
 NormalizeMode = Literal["off", "observe", "on"]
+Access = Literal["open", "admin_key", "off"]
 
 # What vLLM's speculative-decoding path refuses ("not yet supported with speculative decoding").
 SPECULATIVE_UNSUPPORTED = ("min_p", "logit_bias")
@@ -38,6 +39,7 @@ def _check_url(url: str) -> str:
 
 
 ReplicaUrl = Annotated[str, AfterValidator(_check_url)]
+Cidr = Annotated[str, AfterValidator(lambda c: ipaddress.ip_network(c, strict=False) and c)]  # ValueError: not one
 
 
 class _Strict(BaseModel):
@@ -62,25 +64,14 @@ class Listen(_Strict):
     body_timeout_s: float = Field(30.0, gt=0)
     # Open connections one client address may hold at once; one more is answered 503 and closed.
     max_connections_per_client: int = Field(256, ge=1)
-    trusted_proxies: list[str] = Field(
-        default_factory=list,
-        description="CIDRs of load balancers/proxies in front of the gateway (e.g. 10.0.0.0/8). A connection from "
-        "one counts against listen.max_connections_per_client as the client its forwarded_for_header names "
-        "(the rightmost address that is not a trusted proxy); empty: every peer address is its own client.",
-    )
-    forwarded_for_header: str = Field(
-        "x-forwarded-for",
-        description="The header trusted proxies name the client address in (comma-separated hops, as "
-        "X-Forwarded-For); read only on connections from listen.trusted_proxies.",
-    )
-    max_header_bytes: int = Field(
-        64 * 1024, ge=1024,
-        description="Most bytes a request's URL and headers may take; more is answered 431 and the connection "
-        "closed (bytes of a header still open are not kept past this plus one 256 KiB read).",
-    )  # fmt: skip
-    max_header_count: int = Field(
-        128, ge=8, description="Most headers one request may send; more is answered 431 and the connection closed."
-    )
+    trusted_proxies: list[Cidr] = Field(default_factory=list, description="CIDRs of proxies in front of the "
+        "gateway: their connections count against max_connections_per_client as the client forwarded_for_header "
+        "names (its rightmost hop that is not a trusted proxy); empty: each peer address is its own client.")
+    forwarded_for_header: str = Field("x-forwarded-for", description="Where trusted_proxies name the client "
+                                      "(comma-separated hops); read only on their connections.")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="Most bytes a request's URL and headers may "
+                                  "take; more is answered 431 and the connection closed.")
+    max_header_count: int = Field(128, ge=8, description="Most headers one request may send; more: 431, closed.")
     # An idle keep-alive connection is closed after this long.
     keepalive_timeout_s: float = Field(5.0, gt=0)
     # On SIGTERM: /ready turns 503 and the listener stays open drain_notice_s more (load balancers see the
@@ -89,13 +80,6 @@ class Listen(_Strict):
     drain_notice_s: float = Field(1.0, ge=0)
     # Processes serving this port (SO_REUSEPORT); more than one needs a shared store (store.url).
     workers: int = Field(1, ge=1, le=64)
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _cidrs(cls, v: list[str]) -> list[str]:
-        for cidr in v:
-            ipaddress.ip_network(cidr, strict=False)  # raises ValueError naming the bad entry
-        return v
 
 
 class StoreConfig(_Strict):
@@ -291,16 +275,11 @@ class AuthConfig(_Strict):
     # With required: false, these keys mean "anonymous" (SDKs insist on sending one; vLLM's docs use
     # EMPTY). Any other key must name a tenant (401 otherwise), so a typo'd key is never billed anonymously.
     anonymous_keys: list[str] = Field(default_factory=lambda: ["EMPTY"])
-    metrics_access: Literal["open", "admin_key", "off"] = Field(
-        "open",
-        description="Who may GET /metrics (its labels name every tenant): open (the default: the shipped compose "
-        "and Kubernetes Prometheus scrapes send no key), admin_key (Authorization: Bearer <one of auth.admin_keys>;"
-        " Prometheus: `authorization: {credentials: <key>}`), or off (404).",
-    )
-    docs_access: Literal["open", "admin_key", "off"] = Field(
-        "admin_key",
-        description="Who may read /docs, /redoc and /openapi.json: open, admin_key (the default) or off (404).",
-    )
+    metrics_access: Access = Field("open", description="Who may GET /metrics (its labels name every tenant): "
+        "open (the shipped compose/Kubernetes Prometheus scrapes send no key), admin_key (Bearer <one of "
+        "auth.admin_keys>; Prometheus: authorization.credentials) or off (404).")
+    docs_access: Access = Field("admin_key", description="Who may read /docs, /redoc, /openapi.json: open, "
+                                "admin_key or off.")
 
 
 class TelemetryConfig(_Strict):

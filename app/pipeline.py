@@ -28,7 +28,8 @@ from app.kvcache.replies import ReplyLearner
 from app.kvcache.subscriber import EventSource, KvEventsHub
 from app.kvcache.tokens import ChatRenderError
 from app.limits import Limiter
-from app.normalize import VolatilityMemory, client_salt, normalize, salt_for_tenant
+from app.normalize import VolatilityMemory, normalize
+from app.normalize.salt import TenantSalts
 from app.normalize.shared import SharedLearning
 from app.prewarm.memory import PrefixMemory
 from app.prewarm.warmer import Prewarmer
@@ -49,6 +50,7 @@ from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, respon
 from app.telemetry.kv_metrics import register_kv_metrics
 from app.telemetry.queue_metrics import register_queue_metrics
 from app.telemetry.replica_metrics import register_replica_metrics
+from app.telemetry.spend_metrics import register_spend_metrics
 from app.tenancy import TenantRegistry
 from app.upstream import AiohttpTransport, create_session
 
@@ -109,7 +111,7 @@ class Gateway:
         # Fair admission per pool that enables it (pools.<p>.admission); fed by the scraper's rounds.
         self.queues = build_queues({name: pool.admission for name, pool in cfg.pools.items()})
         self.responses = ResponseRoutes(self.store, cfg.routing.response_ttl_s)
-        self._salts: dict[str, str | None] = {}
+        self.salts = TenantSalts(cfg.normalize.salt_secret)
         self._background: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
@@ -142,6 +144,7 @@ class Gateway:
         if self.queues:
             register_queue_metrics(self.telemetry.meter, self.queues)
         self._background.append(asyncio.create_task(self.limiter.ledger.run(), name="kvgate-spend-flush"))
+        register_spend_metrics(self.telemetry.meter, self.limiter.ledger)
 
     async def stop(self) -> None:
         """Stop background work, flush what is buffered, close the store and exporters."""
@@ -233,7 +236,7 @@ class Gateway:
         )
         if ctx.normalize_report.applied:
             ctx.prompt = ctx.surface.view(ctx.body)
-        ctx.cache_salt = self._salt(tenant, ctx.body.get("cache_salt"))
+        ctx.cache_salt = self.salts.for_request(tenant, ctx.body.get("cache_salt"))
         # classify
         ctx.route_class = classify(
             ctx.body, ctx.headers, tenant, self.cfg.routing, degraded=admission.degraded is not None
@@ -300,14 +303,6 @@ class Gateway:
         pool = self.cluster.pools.get(replica.pool)
         if queue is not None and pool is not None:
             queue.on_state_change(pool.candidates())
-
-    def _salt(self, tenant: Tenant, sent: object) -> str | None:
-        if isinstance(sent, str) and sent:  # the client's own salt goes only namespaced under its tenant
-            return client_salt(tenant.id, self.cfg.normalize.salt_secret, sent)
-        # An HMAC per request is measurable; a tenant's salt never changes while the config lives.
-        if tenant.id not in self._salts:
-            self._salts[tenant.id] = salt_for_tenant(tenant, self.cfg.normalize.salt_secret)
-        return self._salts[tenant.id]
 
     # -- replies --------------------------------------------------------------------------------
     def _gateway_headers(self, ctx: RequestContext) -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from app.api.parse import single_credentials
 from app.errors import GatewayError, store_unavailable
 from app.spend import recent_days, usage_report
 from app.store.base import MICROS_PER_USD, Store, StoreUnavailable
@@ -40,6 +41,7 @@ def admin_router(registry: TenantRegistry, store: Store, admin_keys: list[str]) 
     router = APIRouter(prefix="/admin", include_in_schema=False)
 
     def authorize(request: Request) -> None:
+        single_credentials(request.headers.raw)
         token = bearer_token(request.headers.get("authorization"))
         if token is None:
             raise GatewayError(401, "Admin API key required (Authorization: Bearer <key>).", code="invalid_api_key")

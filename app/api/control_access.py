@@ -10,12 +10,11 @@ path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
+from app.config_models import Access
 from app.errors import GatewayError
 from app.tenancy import bearer_token, hash_key, keys_match
 
-Access = Literal["open", "admin_key", "off"]
 METRICS_PATHS = frozenset({"/metrics"})
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -13,6 +13,7 @@ from app.api.surfaces import SURFACES, Surface
 from app.config import GatewayConfig
 from app.context import RequestContext
 from app.errors import GatewayError, bad_request, not_found
+from app.tenancy import bearer_token
 
 _MAX_REQUEST_ID = 128
 # Deepest nesting of arrays and objects a body may have. orjson reads 1024 levels; the gateway's walkers of
@@ -53,6 +54,28 @@ def request_id_from(headers: Mapping[str, str]) -> str:
     if 0 < len(rid) <= _MAX_REQUEST_ID and rid.isprintable() and " " not in rid:
         return rid
     return uuid.uuid4().hex
+
+
+def single_credentials(raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """400 unless the request names at most one key: one `Authorization`, one `x-api-key`, and the same key when
+    both come. With two, which one a server reads is its own choice (uvicorn's last, a proxy's first): a key the
+    gateway did not check could be the one something behind it acts on."""
+    auth: list[bytes] = []
+    api_key: list[bytes] = []
+    for name, value in raw_headers:
+        lower = name.lower()
+        if lower == b"authorization":
+            auth.append(value)
+        elif lower == b"x-api-key":
+            api_key.append(value)
+    if len(auth) > 1 or len(api_key) > 1:
+        raise bad_request("The request has more than one Authorization or x-api-key header; send one.",
+                          code="duplicate_credentials")  # fmt: skip
+    if auth and api_key:
+        token = bearer_token(auth[0].decode("latin-1"))
+        if token is not None and token != api_key[0].decode("latin-1").strip():
+            raise bad_request("The Authorization and x-api-key headers name different keys; send one.",
+                              code="duplicate_credentials")  # fmt: skip
 
 
 def parse_request(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from app.api.parse import parse_request, request_id_from, too_deep
+from app.api.parse import parse_request, request_id_from, single_credentials, too_deep
 from app.api.surfaces import SURFACES, Surface
 from app.errors import GatewayError, too_large
 from app.headers import REQUEST_ID
@@ -113,6 +113,7 @@ class InferenceEndpoint:
             return
         listen = gateway.cfg.listen
         try:
+            single_credentials(scope["headers"])
             raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes, listen.body_timeout_s)
             ctx = parse_request(scope["path"], raw, headers, gateway.cfg, request_id, surface)
         except GatewayError as err:

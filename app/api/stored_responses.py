@@ -7,7 +7,7 @@ from collections.abc import Callable
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
-from app.api.parse import request_id_from
+from app.api.parse import request_id_from, single_credentials
 from app.api.proxy import headers_of, send_reply
 from app.api.surfaces.openai import rewrite_model
 from app.errors import GatewayError, not_found
@@ -43,6 +43,7 @@ class StoredResponseEndpoint:
         method = scope["method"]
         if not response_id or (action, method) not in {("", "GET"), ("cancel", "POST")}:
             raise not_found(f"Unknown path {scope['path']} ({method}).", code="unknown_url")
+        single_credentials(scope["headers"])
         tenant = await gw.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
         holder = ResponseRoutes.usable(response_id, await gw.responses.recall(response_id), tenant.id)
         pool = gw.cluster.pools.get(holder.pool)

@@ -45,7 +45,8 @@ from app.store.base import (
     written_payload,
 )
 from app.store.redis_scripts import ADMIT, ADMIT_KEYS, SETTLE, SETTLE_KEYS, SHARE_LOAD
-from app.store.resp import RespAddress, RespClient, RespError, ScriptCall, encode_command
+from app.store.resp import RespClient, RespError, ScriptCall
+from app.store.resp_address import RespAddress, encode_command
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

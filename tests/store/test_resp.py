@@ -11,16 +11,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from app.store.resp import (
-    RespAddress,
     RespClient,
     RespConnectionError,
     RespError,
     RespTimeout,
     ScriptCall,
     dead_after,
-    encode_command,
     parse_reply,
 )
+from app.store.resp_address import RespAddress, encode_command
 from tests.servers import free_port
 from tests.store.redis_fixtures import RedisServer
 
@@ -183,7 +182,8 @@ async def test_a_reply_that_arrived_while_the_loop_was_busy_is_not_a_timeout(cli
         assert await short.execute(encode_command("PING")) == b"PONG"
         pending = asyncio.ensure_future(short.execute(encode_command("ECHO", "late-read")))
         await asyncio.sleep(0)  # written
-        time.sleep(0.3)  # the loop is busy (a burst being parsed) well past the deadline; Redis answered long ago
+        # The loop is busy (a burst being parsed) well past the deadline; Redis answered long ago.
+        time.sleep(0.3)  # noqa: ASYNC251 - blocking the loop is the case under test
         assert await pending == b"late-read"
     finally:
         await short.aclose()
@@ -218,7 +218,9 @@ async def test_a_connection_silent_past_dead_after_is_dropped_and_the_next_comma
         await admin.execute_command("CLIENT", "PAUSE", int(dead_after(0.1) * 1000) + 500, "ALL")
         with pytest.raises(RespTimeout):
             await c.execute(encode_command("ECHO", "x"))
-        while first is not None and not first.closed:
+        for _ in range(400):  # the dead-peer check runs dead_after() after the command; bounded wait for it
+            if first is None or first.closed:
+                break
             await asyncio.sleep(0.05)
         await admin.ping()
         assert await c.execute(encode_command("ECHO", "fresh")) == b"fresh"

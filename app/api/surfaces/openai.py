@@ -33,6 +33,8 @@ _FINISH_NULL_LEN = len(_FINISH_NULL)
 MAX_N = 128
 MAX_BEST_OF = 20
 MAX_LOGPROBS = 20
+# How much of a non-JSON upstream error body the client's envelope quotes.
+_UPSTREAM_TEXT = 512
 
 
 def capture_usage(usage_obj: Mapping[str, Any] | None, into: Usage) -> None:
@@ -251,13 +253,18 @@ class OpenAISurface:
     def upstream_error(self, status: int, body: bytes) -> bytes:
         """vLLM's own 4xx bodies are OpenAI's envelope already: passed through unchanged. FastAPI's
         `{"detail": …}` (a route the model does not serve, e.g. /v1/embeddings on a generative model) is put
-        into the envelope."""
+        into the envelope, and so is anything else (a proxy's text or HTML page, JSON of another shape): the
+        client is told `application/json` in OpenAI's envelope."""
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
             return body
-        if not isinstance(doc, dict) or "error" in doc or not isinstance(doc.get("detail"), str):
-            return body
+        if not isinstance(doc, dict) or not isinstance(doc.get("detail"), str):
+            text = body[:_UPSTREAM_TEXT].decode("utf-8", "replace").strip()
+            return error_body(f"The engine answered {status}: {text}" if text else f"The engine answered {status}.",
+                              "invalid_request_error", None, "upstream_error")  # fmt: skip
         if status == 404:
             return error_body(f"This model's replicas do not serve {self.name}.", "invalid_request_error", None,
                               "unknown_url")  # fmt: skip
