@@ -253,18 +253,18 @@ class OpenAISurface:
     def upstream_error(self, status: int, body: bytes) -> bytes:
         """vLLM's own 4xx bodies are OpenAI's envelope already: passed through unchanged. FastAPI's
         `{"detail": …}` (a route the model does not serve, e.g. /v1/embeddings on a generative model) is put
-        into the envelope, and so is anything else (a proxy's text or HTML page, JSON of another shape): the
-        client is told `application/json` in OpenAI's envelope."""
+        into the envelope, and so is a body that is not a JSON object (a proxy's text or HTML page): the client
+        is told `application/json`, so it gets JSON in OpenAI's envelope."""
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
             doc = None
-        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-            return body
-        if not isinstance(doc, dict) or not isinstance(doc.get("detail"), str):
+        if not isinstance(doc, dict):
             text = body[:_UPSTREAM_TEXT].decode("utf-8", "replace").strip()
             return error_body(f"The engine answered {status}: {text}" if text else f"The engine answered {status}.",
                               "invalid_request_error", None, "upstream_error")  # fmt: skip
+        if "error" in doc or not isinstance(doc.get("detail"), str):
+            return body
         if status == 404:
             return error_body(f"This model's replicas do not serve {self.name}.", "invalid_request_error", None,
                               "unknown_url")  # fmt: skip
