@@ -130,6 +130,9 @@ def parse_reply(buf: bytes, pos: int) -> tuple[Reply | RespError, int]:
     raise RespProtocolError(f"unexpected RESP type byte {kind!r}")
 
 
+_UNSENT = float("inf")
+
+
 def connect_bound(timeout_s: float) -> float:
     """How long a connect may take: at least 1 s. It runs on the gateway's loop, whose timers fire before it reads
     its sockets: the first command of a burst opens the connection while the loop is busiest, and a 0.25 s bound
@@ -153,7 +156,9 @@ class _Conn(asyncio.Protocol):
         self.fd = -1
         self.last_rx = loop.time()
         self.closed = False
-        self.waiters: deque[tuple[asyncio.Future[Any], float]] = deque()
+        # [future, deadline]: the deadline runs from when the command's bytes were written (_UNSENT until
+        # then), so time a command spent in our own buffer behind a busy loop is not counted against Redis.
+        self.waiters: deque[list[Any]] = deque()
         self.buf = b""
         self.out: list[bytes] = []
         # One timer per connection, re-armed to the oldest waiter's deadline when it fires: cheaper
@@ -211,20 +216,21 @@ class _Conn(asyncio.Protocol):
         if self.closed or self.transport is None:
             fut.set_exception(RespConnectionError("connection closed"))
             return fut
-        deadline = self.loop.time() + self.timeout_s
         waiters = self.waiters
-        waiters.append((fut, deadline))
-        if len(waiters) == 1 and not self.out:
+        if not waiters and not self.out:
             # Nothing in flight: write now (no extra loop iteration before the command leaves).
+            deadline = self.loop.time() + self.timeout_s
+            waiters.append([fut, deadline])
             self._write(payload)
+            if self.timer is None:
+                self.timer = self.loop.call_at(deadline, self._on_timer)
         else:
             # Under load, commands sent in the same loop iteration leave in one write (one syscall).
+            waiters.append([fut, _UNSENT])
             out = self.out
             out.append(payload)
             if len(out) == 1:
                 self.loop.call_soon(self._flush)
-        if self.timer is None:
-            self.timer = self.loop.call_at(deadline, self._on_timer)
         return fut
 
     def _flush(self) -> None:
@@ -233,8 +239,14 @@ class _Conn(asyncio.Protocol):
             out.clear()
             return
         payload = out[0] if len(out) == 1 else b"".join(out)
+        deadline = self.loop.time() + self.timeout_s
+        waiters = self.waiters
+        for i in range(1, min(len(out), len(waiters)) + 1):  # the unsent are the newest waiters
+            waiters[-i][1] = deadline
         out.clear()
         self._write(payload)
+        if self.timer is None and not self.closed:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
 
     def _write(self, payload: bytes) -> None:
         try:
@@ -252,6 +264,8 @@ class _Conn(asyncio.Protocol):
             # the loop has had a turn at its sockets.
             self.timer = self.loop.call_at(now + min(self.timeout_s, 0.05), self._on_timer)
             return
+        if self.waiters[0][1] == _UNSENT:
+            return  # nothing written is waiting; _flush arms the timer when it writes
         # Silent since the later of its last byte and the oldest waiting command's write: dead.
         silent_since = max(self.last_rx, self.waiters[0][1] - self.timeout_s)
         if now - silent_since >= self.dead_after_s:
