@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces import SURFACES, Surface
 from app.config import GatewayConfig
 from app.context import RequestContext
 from app.errors import GatewayError, bad_request, not_found
+from app.surfaces import SURFACES, Surface
 from app.tenancy import bearer_token
 
 _MAX_REQUEST_ID = 128

@@ -16,10 +16,11 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from app.api.parse import parse_request, request_id_from, single_credentials, too_deep
-from app.api.surfaces import SURFACES, Surface
 from app.errors import GatewayError, too_large
+from app.gateway import Gateway
 from app.headers import REQUEST_ID
-from app.pipeline import Gateway, Reply
+from app.reply import Reply
+from app.surfaces import SURFACES, Surface
 
 if TYPE_CHECKING:
     from app.api.server import ConnectionStats

@@ -65,18 +65,10 @@ def salt_secret_problem(secret: str, host: str) -> str | None:
             "accepted only on a loopback address")  # fmt: skip
 
 
-class TenantSalts:
-    """The salt each request sends: its tenant's (memoized: an HMAC per request is measurable, and a tenant's
-    salt never changes while the config lives), or the client's own namespaced under the tenant."""
 
-    def __init__(self, secret: str) -> None:
-        self._secret = secret
-        self._by_tenant: dict[str, str | None] = {}
-
-    def for_request(self, tenant: Tenant, sent: object) -> str | None:
-        """The cache_salt for a request of `tenant` whose body carried `sent` as its own cache_salt."""
-        if isinstance(sent, str) and sent:
-            return client_salt(tenant.id, self._secret, sent)
-        if tenant.id not in self._by_tenant:
-            self._by_tenant[tenant.id] = salt_for_tenant(tenant, self._secret)
-        return self._by_tenant[tenant.id]
+def request_salt(tenant: Tenant, sent: object, secret: str) -> str | None:
+    """The cache_salt a request of `tenant` sends: its tenant's, or the client's own (`sent`, the body's
+    cache_salt) namespaced under the tenant."""
+    if isinstance(sent, str) and sent:
+        return client_salt(tenant.id, secret, sent)
+    return tenant.cache_salt

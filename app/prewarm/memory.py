@@ -18,12 +18,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.history import History, HistoryBook
 
 if TYPE_CHECKING:
-    from app.api.surfaces.base import Surface, WarmRequest
     from app.prompt import PromptView
+    from app.surfaces.base import Surface, WarmRequest
 
 
 @dataclass(slots=True)

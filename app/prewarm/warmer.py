@@ -33,14 +33,14 @@ import orjson
 from opentelemetry.metrics import Counter, Histogram, Meter
 from opentelemetry.trace import Tracer
 
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.memory import Prefix, PrefixMemory
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.state import ClusterState, ReplicaState
 from app.telemetry import instruments as ins
 
 if TYPE_CHECKING:
-    from app.api.surfaces.base import WarmRequest
+    from app.surfaces.base import WarmRequest
 
 log = logging.getLogger(__name__)
 

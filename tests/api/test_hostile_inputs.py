@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from app.api.client_address import ClientAddresses
-from app.config_models import Listen
+from app.config.models import Listen
 from app.normalize.salt import DEFAULT_SECRET, cache_salt_for, client_salt, salt_secret_problem
 from app.sim.testing import running_sim
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway, running_guarded_gateway
@@ -229,7 +229,7 @@ def test_the_default_salt_secret_is_refused_off_loopback_naming_the_key() -> Non
 
 
 def test_the_salt_modules_default_is_the_configs() -> None:
-    from app.config_models import NormalizeConfig
+    from app.config.models import NormalizeConfig
 
     assert NormalizeConfig().salt_secret == DEFAULT_SECRET
 
