@@ -24,7 +24,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.procs import KVGATE, MODEL, free_port, gateway_config, gateway_proc, sim_proc  # noqa: E402
+from experiments.procs import MODEL, free_port, from_checkout, gateway_config, gateway_proc, sim_proc  # noqa: E402
 
 KEYS = {"acme": "sk-flush-acme", "beta": "sk-flush-beta"}
 CLIENTS = 16
@@ -84,11 +84,9 @@ def main() -> None:
     cfg["store"] = {"url": redis_url}
     cfg["listen"] = {"host": "127.0.0.1"}
     gateways = [gateway_proc(f"gw{i}", cfg, log_dir=log_dir) for i in range(2)]
-    if args.code is not None:  # `-c` puts the working directory (this checkout) first: insert the other one
-        code = str(args.code.resolve())
-        boot = f"import sys; sys.path.insert(0, {code!r}); from app.cli import main; sys.exit(main())"
+    if args.code is not None:
         for g in gateways:
-            g.argv = [sys.executable, "-c", boot, *g.argv[len(KVGATE) :]]
+            from_checkout(g, args.code)
     try:
         deadline = time.monotonic() + 10
         while redis.Redis(port=port).ping() is not True:

@@ -29,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.procs import KVGATE, MODEL, Proc, gateway_config, gateway_proc, sim_proc  # noqa: E402
+from experiments.procs import MODEL, Proc, from_checkout, gateway_config, gateway_proc, sim_proc  # noqa: E402
 
 ACME, BETA = "sk-hi-acme", "sk-hi-beta"
 FLOOD_CONNECTIONS = 24
@@ -149,10 +149,8 @@ def main() -> None:
     cfg = gateway_config({"main": {"role": "interactive", "replicas": [sim.url]}}, tenants=tenants)
     cfg["listen"] = {"host": "127.0.0.1"}
     gw = gateway_proc("gw", cfg, log_dir=log_dir)
-    if args.code is not None:  # `-c` puts the working directory (this checkout) first: insert the other one
-        code = str(args.code.resolve())
-        boot = f"import sys; sys.path.insert(0, {code!r}); from app.cli import main; sys.exit(main())"
-        gw.argv = [sys.executable, "-c", boot, *gw.argv[len(KVGATE) :]]
+    if args.code is not None:
+        from_checkout(gw, args.code)
     try:
         sim.start()
         gw.start("/ready", 120)

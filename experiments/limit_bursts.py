@@ -35,7 +35,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.procs import KVGATE, MODEL, Proc, free_port, gateway_config, gateway_proc, sim_proc  # noqa: E402
+from experiments.procs import MODEL, Proc, free_port, from_checkout, gateway_config, gateway_proc, sim_proc  # noqa: E402
 
 BURST = 100
 LIMITS: dict[str, tuple[dict[str, int], int]] = {  # limit kind -> (tenant limits, requests that fit)
@@ -132,11 +132,9 @@ def main() -> None:
     cfg["listen"] = {"host": "127.0.0.1"}
     cfg["routing"] = {"probe_interval_s": 0.5}
     gateways: list[Proc] = [gateway_proc(f"gw{i}", cfg, port=free_port(), log_dir=log_dir) for i in range(2)]
-    if args.code is not None:  # `-c` puts the working directory (this checkout) first: insert the other one
-        code = str(args.code.resolve())
-        boot = f"import sys; sys.path.insert(0, {code!r}); from app.cli import main; sys.exit(main())"
+    if args.code is not None:
         for g in gateways:
-            g.argv = [sys.executable, "-c", boot, *g.argv[len(KVGATE):]]
+            from_checkout(g, args.code)
     t0 = time.monotonic()
     try:
         sim.start()
