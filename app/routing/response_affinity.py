@@ -94,7 +94,7 @@ class ResponseRoutes:
     def usable(response_id: str, holder: Holder | None, tenant_id: str) -> Holder:
         """The holder of a response `tenant_id` names, or the 404 that says why there is none (another tenant's
         response is not found, as an unknown id is: its existence is not told)."""
-        if holder is None or not hmac.compare_digest(holder.tenant, tenant_id):
+        if holder is None or not hmac.compare_digest(holder.tenant.encode(), tenant_id.encode()):
             raise response_not_found(response_id)
         if holder.migrated:
             raise response_migrated(response_id)
