@@ -1,6 +1,8 @@
 """Admin endpoints behind an admin key: tenants, their API keys, and their usage and spend.
 
-Keys are shown only once, at creation; afterwards only a prefix of their sha256 identifies them.
+Keys are shown only once, at creation; afterwards only a prefix of their sha256 identifies them. A minted key
+lives in the store alone (Redis: persist it; the in-memory store forgets minted keys on restart), config keys in
+the config (app/tenancy.py: an emptied store gets them back on their next use).
 Errors use OpenAI's envelope, answered here so the router works in any app.
 """
 
