@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.config.models import Listen
+    from app.config.listen import Listen
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

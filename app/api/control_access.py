@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.config.models import Access
+from app.config.types import Access
 from app.errors import GatewayError
 from app.tenancy import bearer_token, hash_key, keys_match
 

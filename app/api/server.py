@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.client_address import ClientAddresses
-from app.config.models import Listen
+from app.config.listen import Listen
 from app.errors import error_body
 
 Phase = Literal["header", "body"]

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from app.api.client_address import ClientAddresses
-from app.config.models import Listen
+from app.config.listen import Listen
 from app.normalize.salt import DEFAULT_SECRET, cache_salt_for, client_salt, salt_secret_problem
 from app.sim.testing import running_sim
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway, running_guarded_gateway

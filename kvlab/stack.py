@@ -3,27 +3,25 @@ pool and a discovered bulk pool, config/prometheus.yml re-pointed at loopback po
 processes whose output goes to log files (never to unread pipes).
 
 Shared by tests/deploy/test_dashboard_queries.py (every dashboard query returns data) and
-experiments/dashboard_preview.py (the docs' dashboard previews), so both run the same stack.
+experiments/dashboard_preview.py (the docs' dashboard previews), so both run the same stack; the processes are
+started and awaited with kvlab.procs (`spawn`, `stop`, `wait_ready`).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
 import yaml
 
-from tests.deploy.files import ROOT
-from tests.servers import free_port
-from tests.store.redis_fixtures import RedisServer
+from kvlab.net import free_port
+from kvlab.procs import ROOT
+from kvlab.redis_server import RedisServer
 
 MODEL = "smollm2-135m"
 KEYS = {"acme": "sk-acme-test", "globex": "sk-globex-test", "tiny": "sk-tiny-test"}
@@ -134,44 +132,6 @@ def prometheus_argv(cfg_path: Path, data: Path, port: int) -> list[str]:
         "prometheus", f"--config.file={cfg_path}", f"--storage.tsdb.path={data}",
         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
     ]  # fmt: skip
-
-
-def spawn(es: ExitStack, logs: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-    """Start `argv` with its output in logs/<name>.log; `es` stops it (SIGTERM, then SIGKILL) when it unwinds."""
-    log = (logs / f"{name}.log").open("ab")
-    es.callback(log.close)
-    proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env={**os.environ}
-    )
-    es.callback(stop, proc)
-    return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the drain), then SIGKILL if it lingers."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], logs: Path, name: str, timeout: float = 60) -> None:
-    """Return once `url` answers 200; raise with the tail of logs/<name>.log if `proc` exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited:\n{(logs / f'{name}.log').read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{name} not ready at {url}:\n{(logs / f'{name}.log').read_text()[-3000:]}")
 
 
 @contextmanager
