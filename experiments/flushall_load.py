@@ -93,7 +93,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.05)
-        sim.start()
+        sim.start(timeout_s=120)
         for g in gateways:
             g.start("/ready", 120)
         results = asyncio.run(load([g.url for g in gateways], args.seconds, args.every, redis_url))

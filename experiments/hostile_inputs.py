@@ -152,7 +152,7 @@ def main() -> None:
     if args.code is not None:
         from_checkout(gw, args.code)
     try:
-        sim.start()
+        sim.start(timeout_s=120)
         gw.start("/ready", 120)
         flood = header_flood(gw, args.flood_mib << 20)
         rows = asyncio.run(probes(gw.url))

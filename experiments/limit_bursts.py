@@ -156,7 +156,7 @@ def main() -> None:
             from_checkout(g, args.code)
     t0 = time.monotonic()
     try:
-        sim.start()
+        sim.start(timeout_s=120)
         for g in gateways:
             g.start("/ready", 120)
         results = asyncio.run(run_all([g.url for g in gateways], args))
