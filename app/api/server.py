@@ -8,11 +8,9 @@ headers are complete, and from then until the body is complete; a timer that fir
 counts it. The inference endpoints answer a late body with a 408 in their envelope first (`app/api/proxy.py`);
 the protocol's body timer, a little later, is the backstop for every other path.
 
-Headers are bounded too (httptools itself keeps a header's bytes until it ends, without a limit: 24 connections
-sending 100 MiB headers took the process from 109 to 1,026 MiB RSS): over `listen.max_header_bytes` (URL and
-headers) or `listen.max_header_count` the connection gets a 431 in its API's envelope and is closed, and bytes
-of a header block that is still open are not kept past the limit plus one read. Malformed HTTP gets a 400 in
-the envelope too (uvicorn's own answer is text/plain).
+Headers are bounded too (`listen.max_header_bytes`, `listen.max_header_count`: a 431 in the API's envelope), and
+malformed HTTP gets a 400 in the envelope rather than uvicorn's text/plain: the protocol's base,
+app/api/header_bounds.py.
 
 Behind a load balancer every client arrives from its address: with `listen.trusted_proxies`, a connection from
 one of them counts against the client its forwarded-for header names (app/api/client_address.py).
@@ -28,22 +26,18 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, ClassVar, Literal, Protocol
 
-import orjson
 import uvicorn
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.client_address import ClientAddresses
+from app.api.header_bounds import HeaderBounds, envelope, raw_response
 from app.config.listen import Listen
-from app.errors import error_body
 
-Phase = Literal["header", "body"]
+Phase = Literal["header", "body", "write"]
 # The protocol's body timer fires this much after the endpoint's own deadline, which answers with a 408 first.
 BODY_BACKSTOP_S = 1.0
-# A read's worth of bytes (uvloop and asyncio read up to 256 KiB at a time): a header block still open after a
-# read counts all of that read, which may have begun with the previous request's body.
-READ_SLACK = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -52,16 +46,20 @@ class ConnectionStats:
 
     header_timeouts: int = 0
     body_timeouts: int = 0
+    write_timeouts: int = 0
     refused: int = 0
     open: int = 0
     headers_too_large: int = 0
 
     def timed_out(self, phase: Phase) -> None:
-        """Count one socket closed (or answered 408) because its headers or body came too late."""
+        """Count one socket closed (or answered 408) because its headers or body came too late, or because the
+        client stopped reading its response."""
         if phase == "header":
             self.header_timeouts += 1
-        else:
+        elif phase == "body":
             self.body_timeouts += 1
+        else:
+            self.write_timeouts += 1
 
 
 @dataclass(slots=True)
@@ -71,6 +69,7 @@ class ConnectionGuard:
     header_timeout_s: float
     body_timeout_s: float
     max_per_client: int
+    write_timeout_s: float = 30.0
     max_header_bytes: int = 64 * 1024
     max_header_count: int = 128
     addresses: ClientAddresses = field(default_factory=ClientAddresses)
@@ -82,8 +81,8 @@ class ConnectionGuard:
         """The guard the `listen` section configures."""
         return cls(
             listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client,
-            listen.max_header_bytes, listen.max_header_count,
-            ClientAddresses.from_listen(listen),
+            write_timeout_s=listen.write_timeout_s, max_header_bytes=listen.max_header_bytes,
+            max_header_count=listen.max_header_count, addresses=ClientAddresses.from_listen(listen),
         )  # fmt: skip
 
     def admit(self, peer: str) -> bool:
@@ -112,10 +111,12 @@ def register_connection_metrics(meter: Meter, stats: ConnectionStats) -> None:
     def timeouts(options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(stats.header_timeouts, {"phase": "header"})
         yield Observation(stats.body_timeouts, {"phase": "body"})
+        yield Observation(stats.write_timeouts, {"phase": "write"})
 
     meter.create_observable_counter(
         "gateway.connections.timed_out", [timeouts], "{connection}",
-        "Client connections closed (or answered 408) because headers or body did not arrive in time",
+        "Client connections closed (or answered 408) because headers or body did not arrive in time, or the "
+        "client did not read its response (phase write)",
     )  # fmt: skip
     meter.create_observable_counter(
         "gateway.connections.refused", [lambda o: [Observation(stats.refused)]], "{connection}",
@@ -131,28 +132,9 @@ def register_connection_metrics(meter: Meter, stats: ConnectionStats) -> None:
     )  # fmt: skip
 
 
-def _raw_response(status: int, reason: bytes, body: bytes) -> bytes:
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, reason, len(body)) + body)  # fmt: skip
-
-
-def _envelope(path: bytes, status: int, message: str, kind: str, code: str) -> bytes:
-    """The error body in the envelope of the API the (possibly partial) path belongs to."""
-    if path.startswith(b"/v1/messages"):
-        anthropic_type = "api_error" if status >= 500 else "invalid_request_error"
-        if status == 408:
-            anthropic_type = "timeout_error"
-        return orjson.dumps({"type": "error", "error": {"type": anthropic_type, "message": message}})
-    return error_body(message, kind, None, code)
-
-
-class _HeadersTooLarge(Exception):
-    """Raised in a parser callback: httptools stops and uvicorn calls send_400_response (answered 431)."""
-
-
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     """The app a refused connection gets: one 503 in its API's envelope, then the connection closes."""
-    body = _envelope(scope.get("raw_path", b""), 503, "Too many open connections from this address.",
+    body = envelope(scope.get("raw_path", b""), 503, "Too many open connections from this address.",
                      "service_unavailable", "too_many_connections")  # fmt: skip
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close"), (b"retry-after", b"1")]  # fmt: skip
@@ -160,7 +142,7 @@ async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class _GuardedBase(HttpToolsProtocol):
+class _GuardedBase(HeaderBounds):
     """uvicorn's httptools protocol with header and body deadlines and the per-client cap (see the module doc)."""
 
     guard: ClassVar[ConnectionGuard]
@@ -168,15 +150,12 @@ class _GuardedBase(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
         self._peer: str | None = None
         self._got_bytes = False
-        self._in_head = True
-        self._head_bytes = 0  # exact: URL and completed headers
-        self._head_raw = 0  # bytes read while a header block stays open (an upper bound of what httptools holds)
-        self._head_count = 0
-        self._too_large: str | None = None
         self._gateway_app = self.app
         self._via_proxy = False
+        self._queued_body = False  # a pipelined request whose body was not complete when it was queued
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection against its client address and start the header deadline."""
@@ -193,6 +172,7 @@ class _GuardedBase(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Give the client's slot back."""
         self._disarm()
+        self._write_resumed()
         if self._peer is not None:
             self.guard.leave(self._peer)
             self._peer = None
@@ -215,71 +195,22 @@ class _GuardedBase(HttpToolsProtocol):
         """Headers in time: the body is due next."""
         self._disarm()
         self._end_head()
+        if self._via_proxy:
+            self._admit_forwarded()
         super().on_headers_complete()
-        if not self.pipeline:  # a queued (pipelined) request is not read until its turn: no deadline yet
+        if not self.pipeline:  # a queued (pipelined) request is not read until its turn: on_response_complete
             self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
+        else:
+            self._queued_body = True
 
     def on_message_complete(self) -> None:
         """The whole request arrived: no deadline while the app works (keep-alive idling is uvicorn's)."""
         self._disarm()
+        self._queued_body = False
         super().on_message_complete()
         self._in_head = True  # the next bytes on this connection are the next request's headers
 
-    # -- header bounds, parse errors, forwarded-for (see the module doc) --------------------------------
-    def on_url(self, url: bytes) -> None:
-        """Count the URL against the header bytes."""
-        self._count_head(len(url), 0)
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        """Count one header against the header bytes and count."""
-        self._count_head(len(name) + len(value) + 4, 1)  # ": " and CRLF
-        super().on_header(name, value)
-
-    def _start_head(self) -> None:
-        self._in_head = True
-        self._head_bytes = self._head_raw = self._head_count = 0
-
-    def _end_head(self) -> None:
-        self._in_head = False
-        if self._via_proxy:
-            self._admit_forwarded()
-
-    def _count_head(self, size: int, count: int) -> None:
-        self._head_bytes += size
-        self._head_count += count
-        if self._head_bytes > self.guard.max_header_bytes:
-            self._too_large = f"The request headers exceed {self.guard.max_header_bytes} bytes."
-        elif self._head_count > self.guard.max_header_count:
-            self._too_large = f"The request has more than {self.guard.max_header_count} headers."
-        else:
-            return
-        raise _HeadersTooLarge
-
-    def _bound_open_head(self, size: int) -> None:
-        """After a read: a header block still open must not grow past the limit plus a read."""
-        if not self._in_head or self.transport.is_closing():
-            return
-        self._head_raw += size
-        if self._head_raw > self.guard.max_header_bytes + READ_SLACK:
-            self._too_large = f"The request headers exceed {self.guard.max_header_bytes} bytes."
-            self.send_400_response(self._too_large)
-
-    def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to bytes it cannot parse, in the API's envelope: 431 for headers over the bounds."""
-        if self.transport.is_closing():
-            return
-        path = getattr(self, "url", b"") or b""
-        if self._too_large is not None:
-            self.guard.stats.headers_too_large += 1
-            body = _envelope(path, 431, self._too_large, "invalid_request_error", "request_headers_too_large")
-            self.transport.write(_raw_response(431, b"Request Header Fields Too Large", body))
-        else:
-            message = "The request is not valid HTTP/1.1 and could not be parsed."
-            body = _envelope(path, 400, message, "invalid_request_error", "invalid_http")
-            self.transport.write(_raw_response(400, b"Bad Request", body))
-        self.transport.close()
-
+    # -- forwarded-for (see the module doc) ------------------------------------------------------------
     def _admit_forwarded(self) -> None:
         """A request through a trusted proxy: hold a slot of the client its forwarded-for header names."""
         client = self.guard.addresses.client_of(self.client[0] if self.client else "", self.headers)
@@ -293,6 +224,40 @@ class _GuardedBase(HttpToolsProtocol):
             self.app = self._gateway_app
         else:
             self.app = _refuse
+
+    def on_response_complete(self) -> None:
+        """A response went out; a pipelined request whose body is still due starts its body deadline now."""
+        super().on_response_complete()
+        if self._queued_body and not self.pipeline and not self.transport.is_closing():
+            self._queued_body = False
+            self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
+
+    def pause_writing(self) -> None:
+        """The client stopped reading (the send buffer is over its high-water mark): its response is due to drain
+        within write_timeout_s, or the connection is cut (the app sees a disconnect: upstream aborted, slot freed)."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.guard.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        """The client reads again."""
+        super().resume_writing()
+        self._write_resumed()
+
+    def _write_resumed(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_expired(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        self.guard.stats.timed_out("write")
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()  # close() would wait for the buffer the client never reads
 
     def _arm(self, seconds: float, phase: Phase) -> None:
         self._disarm()
@@ -315,8 +280,8 @@ class _GuardedBase(HttpToolsProtocol):
         self.guard.stats.timed_out(phase)
         if phase == "header" and self._got_bytes:
             message = f"The request headers did not arrive within {self.guard.header_timeout_s:g} s."
-            body = _envelope(getattr(self, "url", b""), 408, message, "invalid_request_error", "request_timeout")
-            self.transport.write(_raw_response(408, b"Request Timeout", body))
+            body = envelope(getattr(self, "url", b""), 408, message, "invalid_request_error", "request_timeout")
+            self.transport.write(raw_response(408, b"Request Timeout", body))
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True
             self.cycle.message_event.set()

@@ -45,5 +45,8 @@ class Listen(StrictModel):
     drain_notice_s: float = Field(1.0, ge=0, description=(
         "On SIGTERM, /ready turns 503 and the listener stays open this much longer (load balancers see the "
         "readiness change), then stops accepting."))
+    write_timeout_s: float = Field(30.0, gt=0, description=(
+        "A response the client stops reading this long (send buffer full) is cut: the connection closed, the "
+        "upstream request aborted, its limit slot freed."))
     workers: int = Field(1, ge=1, le=64, description=(
         "Processes serving this port (SO_REUSEPORT); more than one needs a shared store (`store.url`)."))
