@@ -16,6 +16,7 @@ import uvicorn
 
 from app.api.server import Drainable, GatewayServer
 from app.config import ConfigError, GatewayConfig, load_config
+from app.normalize.salt import salt_secret_problem
 
 if TYPE_CHECKING:
     from app.workers import WorkerInfo
@@ -40,6 +41,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host = args.host or cfg.listen.host
     port = args.port if args.port is not None else cfg.listen.port
+    problem = salt_secret_problem(cfg.normalize.salt_secret, host)
+    if problem is not None:
+        print(f"kvgate: {problem}", file=sys.stderr)
+        return 2
     workers = args.workers if args.workers is not None else cfg.listen.workers
     if workers != 1:
         from app.workers import serve_workers  # N processes on one port (SO_REUSEPORT), each the path below

@@ -43,6 +43,7 @@ from app.routing.scraper import Scraper
 from app.routing.state import ClusterState
 from app.routing.tpot.hook import TpotLearning
 from app.settle import Settler
+from app.spend_metrics import register_spend_metrics
 from app.store.base import Store
 from app.store.factory import create_store
 from app.telemetry import Telemetry
@@ -147,6 +148,7 @@ class Gateway:
         if self.queues:
             register_queue_metrics(self.telemetry.meter, self.queues)
         self._spawn(self.limiter.ledger.run(), "kvgate-spend-flush")
+        register_spend_metrics(self.telemetry.meter, self.limiter.ledger)
 
     def _spawn(self, work: Any, name: str) -> None:
         self._background.append(asyncio.create_task(work, name=name))

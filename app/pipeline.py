@@ -15,7 +15,7 @@ from app.context import RequestContext
 from app.dispatch import Complete, Dispatcher, StreamRelay
 from app.errors import GatewayError
 from app.headers import API_KEY, NORMALIZE_OPT_OUT
-from app.normalize import VolatilityMemory, normalize
+from app.normalize import VolatilityMemory, normalize, request_salt
 from app.prefix_key import routing_key
 from app.reply import Reply, gateway_headers
 from app.routing.classify import classify
@@ -74,7 +74,7 @@ class Path:
         )  # fmt: skip
         if ctx.normalize_report.applied:
             ctx.prompt = ctx.surface.view(ctx.body)
-        ctx.cache_salt = tenant.cache_salt
+        ctx.cache_salt = request_salt(tenant, ctx.body.get("cache_salt"), self.cfg.normalize.salt_secret)
         # classify
         ctx.route_class = classify(
             ctx.body, ctx.headers, tenant, self.cfg.routing, degraded=admission.degraded is not None,

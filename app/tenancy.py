@@ -4,7 +4,17 @@ Lookups are cached in-process for `auth.key_cache_ttl_s` (default 5 s), so a key
 gateway replica stops working here within that TTL; a revoke through this replica's admin API
 invalidates the cache at once. When the store is unreachable, keys listed in the config still
 resolve (from their hashes kept here) and so do cached keys; other keys get 503 (they cannot be
-verified, and serving them anonymously would bill the wrong tenant).
+verified, and serving them anonymously would bill the wrong tenant), with `auth.required: false` too.
+
+Sources of truth:
+- config keys (`tenants[].api_keys`): the config. The store holds a copy, written at start-up and again
+  whenever the store answers "unknown" for one (an emptied Redis: FLUSHALL, a restart without persistence,
+  eviction), so an empty store never turns a configured key into a 401. A config key revoked through the
+  admin API stays revoked while the store keeps its `revoked:` marker; to retire one for good, remove it from
+  the config (an emptied store forgets the marker, and the config brings the key back).
+- admin-minted keys (POST /admin/tenants/{id}/keys): the store alone. With Redis they live as long as its
+  data (persist it: `appendonly yes`); an emptied Redis or the in-memory store's restart forgets them, and
+  their holders get 401 until new keys are minted.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from collections.abc import Callable
 
 from app.config import GatewayConfig, LimitsConfig, ReferencePrice, TenantConfig
 from app.context import Tenant
-from app.errors import GatewayError, invalid_key, store_unavailable
+from app.errors import invalid_key, store_unavailable
 from app.normalize.salt import cache_salt_for
 from app.store.base import Store, StoreUnavailable
 
@@ -130,12 +140,9 @@ class TenantRegistry:
                     " or an x-api-key header."
                 )
             return self._anonymous
-        try:
-            tenant_id = await self._lookup(hash_key(token) if not token.startswith("sha256:") else "")
-        except GatewayError:
-            if self._required:
-                raise
-            return self._anonymous  # unverifiable while the store is down: anonymous, as auth allows
+        # A key that cannot be verified (store down) is a 503 even where anonymous access is allowed: serving
+        # it anonymously would take a wrong key for no key.
+        tenant_id = await self._lookup(hash_key(token) if not token.startswith("sha256:") else "")
         tenant = self._tenants.get(tenant_id) if tenant_id is not None else None
         if tenant is not None:
             return tenant
@@ -154,6 +161,8 @@ class TenantRegistry:
             if not self._loaded:
                 await self.load()
             tenant_id = await self._store.key_tenant(key_hash)
+            if tenant_id is None and key_hash in self._config_keys:
+                tenant_id = await self._reseed(key_hash)
         except StoreUnavailable:
             if hit is not None:
                 return hit[0]  # stale, but the best answer while the store is down
@@ -164,6 +173,14 @@ class TenantRegistry:
             self._cache.clear()
         self._cache[key_hash] = (tenant_id, now + self._ttl)
         return tenant_id
+
+    async def _reseed(self, key_hash: str) -> str | None:
+        """A config key the store does not know (emptied, restarted, evicted): write it back unless revoked."""
+        tenant_id = self._config_keys[key_hash]
+        if await self._store.put_key(key_hash, tenant_id, unless_revoked=True):
+            log.warning("config API key of tenant %s was missing from the store; written back", tenant_id)
+            return tenant_id
+        return None
 
     # -- key management (admin) -----------------------------------------------------------------
     async def create_key(self, tenant_id: str) -> tuple[str, str]:

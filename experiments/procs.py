@@ -61,6 +61,14 @@ def gateway_proc(name: str, cfg: dict[str, Any], *, port: int | None = None, log
     return Proc(name, f"http://127.0.0.1:{port}", argv, log=log)
 
 
+def from_checkout(proc: Proc, code: Path) -> Proc:
+    """Run `proc` (a kvgate command) from another checkout's app/ (`git archive <commit> app | tar -x -C DIR`), for
+    a before/after table: `-c` puts the working directory (this checkout) first on sys.path, so insert the other."""
+    boot = f"import sys; sys.path.insert(0, {str(code.resolve())!r}); from app.cli import main; sys.exit(main())"
+    proc.argv = [sys.executable, "-c", boot, *proc.argv[len(KVGATE) :]]
+    return proc
+
+
 def parse_prom(text: str) -> dict[str, float]:
     """Prometheus text → {series name with labels: value} (comments skipped)."""
     out: dict[str, float] = {}

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from app.api.app import create_app
+from app.api.server import server_config
 from app.config import GatewayConfig, parse_config
 from kvlab.configs import gateway_config as lab_config
 from tests.config_env import kvgate_environment
-from tests.servers import FakeUpstream, serve_in_thread
+from tests.servers import FakeUpstream, free_port, running, serve_in_thread
 
 pytest_plugins = ["tests.store.redis_fixtures"]
 
@@ -47,6 +48,16 @@ def gateway_config(replicas: list[str], **overrides: Any) -> GatewayConfig:
 def running_gateway(cfg: GatewayConfig) -> Iterator[str]:
     """The gateway app on a free loopback port; yields its base URL."""
     with serve_in_thread(create_app(cfg)) as url:
+        yield url
+
+
+@contextmanager
+def running_guarded_gateway(cfg: GatewayConfig) -> Iterator[str]:
+    """The gateway served as `kvgate serve` serves it (uvicorn with the guarded protocol); yields its base URL."""
+    app = create_app(cfg)
+    config = server_config(app, cfg.listen, app.connections, host="127.0.0.1", port=cfg.listen.port or free_port(),
+                           loop="asyncio", log_level="error")  # fmt: skip
+    with running(config) as url:
         yield url
 
 

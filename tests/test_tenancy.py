@@ -6,6 +6,7 @@ import hashlib
 
 import orjson
 import pytest
+import redis
 
 from app.errors import GatewayError
 from app.store.base import Store
@@ -152,14 +153,68 @@ async def test_with_redis_down_config_keys_still_resolve_and_others_get_503() ->
         await store.aclose()
 
 
-async def test_with_redis_down_and_auth_optional_unverifiable_keys_are_anonymous() -> None:
+async def test_with_redis_down_and_auth_optional_an_unverifiable_key_is_503_not_anonymous() -> None:
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:")
     try:
         reg = await loaded(store, required=False)
-        assert (await reg.resolve("Bearer sk-minted-elsewhere")).id == "anonymous"
+        with pytest.raises(GatewayError) as err:
+            await reg.resolve("Bearer sk-minted-elsewhere")
+        assert err.value.status == 503
         assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+        assert (await reg.resolve(None)).id == "anonymous"
     finally:
         await store.aclose()
+
+
+def _empty(store: Store, redis_url: str, key_prefix: str) -> None:
+    """What FLUSHALL, a Redis restart without persistence or eviction leave: none of the store's keys."""
+    if isinstance(store, MemoryStore):
+        store._keys.clear()
+        store._tenant_keys.clear()
+        store._revoked.clear()
+        return
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{key_prefix}*", count=500):
+        client.delete(key)
+    client.close()
+
+
+@pytest.mark.parametrize("auth_required", [True, False])
+async def test_config_keys_resolve_after_the_store_forgot_them(
+    any_store: Store, redis_url: str, key_prefix: str, auth_required: bool
+) -> None:
+    reg = TenantRegistry(config(required=auth_required), any_store, cache_ttl_s=0)
+    await reg.load()
+    assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+    _empty(any_store, redis_url, key_prefix)
+    assert (await reg.resolve(f"Bearer {ACME_KEY}")).id == "acme"
+    assert (await reg.resolve(None, BETA_KEY)).id == "beta"
+    # ... and they are written back, so a gateway that never held them (another process) finds them too.
+    assert await any_store.key_tenant(hash_key(ACME_KEY)) == "acme"
+
+
+async def test_a_config_key_revoked_elsewhere_is_not_written_back(any_store: Store) -> None:
+    here = await loaded(any_store)
+    there = await loaded(any_store)
+    await there.revoke_key("acme", hash_key(ACME_KEY)[:10])
+    with pytest.raises(GatewayError) as err:
+        await here.resolve(f"Bearer {ACME_KEY}")
+    assert err.value.status == 401
+    assert await any_store.key_tenant(hash_key(ACME_KEY)) is None
+
+
+async def test_minted_keys_live_in_the_store_alone_and_an_emptied_store_forgets_them(
+    any_store: Store, redis_url: str, key_prefix: str
+) -> None:
+    reg = TenantRegistry(config(), any_store, cache_ttl_s=0)
+    await reg.load()
+    plaintext, _ = await reg.create_key("beta")
+    other = await loaded(any_store)  # another gateway process: it learns minted keys from the store only
+    assert (await other.resolve(f"Bearer {plaintext}")).id == "beta"
+    _empty(any_store, redis_url, key_prefix)
+    with pytest.raises(GatewayError) as err:
+        await reg.resolve(f"Bearer {plaintext}")
+    assert err.value.status == 401
 
 
 def test_limits_and_reference_price_come_from_the_tenant_config() -> None:

@@ -1,6 +1,8 @@
 """Admin endpoints behind an admin key: tenants, their API keys, and their usage and spend.
 
-Keys are shown only once, at creation; afterwards only a prefix of their sha256 identifies them.
+Keys are shown only once, at creation; afterwards only a prefix of their sha256 identifies them. A minted key
+lives in the store alone (Redis: persist it; the in-memory store forgets minted keys on restart), config keys in
+the config (app/tenancy.py: an emptied store gets them back on their next use).
 Errors use OpenAI's envelope, answered here so the router works in any app.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from app.api.parse import single_credentials
 from app.errors import GatewayError, store_unavailable
 from app.spend import recent_days, usage_report
 from app.store.base import MICROS_PER_USD, Store, StoreUnavailable
@@ -40,6 +43,7 @@ def admin_router(registry: TenantRegistry, store: Store, admin_keys: list[str]) 
     router = APIRouter(prefix="/admin", include_in_schema=False)
 
     def authorize(request: Request) -> None:
+        single_credentials(request.headers.raw)
         token = bearer_token(request.headers.get("authorization"))
         if token is None:
             raise GatewayError(401, "Admin API key required (Authorization: Bearer <key>).", code="invalid_api_key")

@@ -16,13 +16,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.admin import admin_router
+from app.api.control_access import ControlAccess
 from app.api.parse import request_id_from
 from app.api.proxy import InferenceEndpoint, headers_of, internal_error, send_reply
 from app.api.server import ConnectionGuard, register_connection_metrics
 from app.api.stored_responses import PREFIX as STORED_PREFIX
 from app.api.stored_responses import StoredResponseEndpoint
 from app.config import GatewayConfig
-from app.errors import error_body
+from app.errors import GatewayError, error_body
 from app.gateway import Gateway
 from app.headers import REQUEST_ID
 from app.reply import Reply
@@ -43,12 +44,14 @@ class GatewayApp:
     """
 
     def __init__(
-        self, api: FastAPI, inference: ASGIApp, paths: frozenset[str], stored: ASGIApp, connections: ConnectionGuard
-    ) -> None:
+        self, api: FastAPI, inference: ASGIApp, paths: frozenset[str], stored: ASGIApp, connections: ConnectionGuard,
+        access: ControlAccess | None = None,
+    ) -> None:  # fmt: skip
         self.api = api
         self._inference = inference
         self._paths = paths
         self._stored = stored
+        self._access = access or ControlAccess("open", "open", frozenset())
         # The server's protocol (app/api/server.py) counts into it; /metrics reads it.
         self.connections = connections
 
@@ -58,8 +61,20 @@ class GatewayApp:
             await self._inference(scope, receive, send)
         elif scope["type"] == "http" and scope["path"].startswith(STORED_PREFIX):
             await _enveloped(self._stored, scope, receive, send)
+        elif scope["type"] == "http" and (refusal := self._refusal(scope)) is not None:
+            rid = request_id_from(headers_of(scope))
+            await send_reply(send, Reply(refusal.status, {"content-type": "application/json", REQUEST_ID: rid},
+                                         refusal.body()), lambda: None)  # fmt: skip
         else:
             await self.api(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> GatewayError | None:
+        """/metrics and the docs behind auth.metrics_access / docs_access (app/api/control_access.py)."""
+        access = self._access
+        if access.rule(scope["path"]) == "open":
+            return None
+        auth = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"), None)
+        return access.refusal(scope["path"], auth)
 
     def begin_drain(self) -> None:
         """The server is shutting down: /ready answers 503 from now on."""
@@ -174,4 +189,5 @@ def create_app(cfg: GatewayConfig) -> GatewayApp:
         body = error_body(str(first.get("msg", "invalid request")), "invalid_request_error", param, None)
         return Response(body, status_code=400, media_type="application/json")
 
-    return GatewayApp(app, endpoint, frozenset(SURFACES), StoredResponseEndpoint(gateway), connections)
+    access = ControlAccess.build(cfg.auth.metrics_access, cfg.auth.docs_access, cfg.auth.admin_keys)
+    return GatewayApp(app, endpoint, frozenset(SURFACES), StoredResponseEndpoint(gateway), connections, access)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from app.api.parse import parse_request, request_id_from
-from app.errors import GatewayError, bad_request, too_large
+from app.api.parse import parse_request, request_id_from, single_credentials, too_deep
+from app.errors import GatewayError, too_large
 from app.gateway import Gateway
 from app.headers import API_KEY, REQUEST_ID
 from app.reply import Reply
@@ -38,11 +38,6 @@ def internal_error(request_id: str) -> GatewayError:
     """500: an exception the request path did not expect (the log has it under the request id)."""
     return GatewayError(500, f"The gateway failed on this request (request id {request_id}).", type="server_error",
                         code="internal_error")  # fmt: skip
-
-
-def too_deep() -> GatewayError:
-    """400: orjson reads documents up to 1024 levels deep but writes only 255; the gateway must write bodies."""
-    return bad_request("The request body is nested too deeply.", code="invalid_json")
 
 
 def cut_at_drain() -> GatewayError:
@@ -127,6 +122,7 @@ class InferenceEndpoint:
             return
         listen = gateway.cfg.listen
         try:
+            single_credentials(scope["headers"])
             raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes, listen.body_timeout_s)
             ctx = parse_request(scope["path"], raw, headers, gateway.cfg, request_id, surface)
         except GatewayError as err:

@@ -7,6 +7,13 @@ forever. The protocol below arms a timer from the connection (or the next reques
 headers are complete, and from then until the body is complete; a timer that fires closes the socket and
 counts it. The inference endpoints answer a late body with a 408 in their envelope first (`app/api/proxy.py`);
 the protocol's body timer, a little later, is the backstop for every other path.
+
+Headers are bounded too (`listen.max_header_bytes`, `listen.max_header_count`: a 431 in the API's envelope), and
+malformed HTTP gets a 400 in the envelope rather than uvicorn's text/plain: the protocol's base,
+app/api/header_bounds.py.
+
+Behind a load balancer every client arrives from its address: with `listen.trusted_proxies`, a connection from
+one of them counts against the client its forwarded-for header names (app/api/client_address.py).
 """
 
 from __future__ import annotations
@@ -19,14 +26,14 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, ClassVar, Literal, Protocol
 
-import orjson
 import uvicorn
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.config.models import Listen
-from app.errors import error_body
+from app.api.client_address import ClientAddresses
+from app.api.header_bounds import HeaderBounds, envelope, raw_response
+from app.config.listen import Listen
 
 Phase = Literal["header", "body", "write"]
 # The protocol's body timer fires this much after the endpoint's own deadline, which answers with a 408 first.
@@ -42,6 +49,7 @@ class ConnectionStats:
     write_timeouts: int = 0
     refused: int = 0
     open: int = 0
+    headers_too_large: int = 0
 
     def timed_out(self, phase: Phase) -> None:
         """Count one socket closed (or answered 408) because its headers or body came too late, or because the
@@ -62,14 +70,20 @@ class ConnectionGuard:
     body_timeout_s: float
     max_per_client: int
     write_timeout_s: float = 30.0
+    max_header_bytes: int = 64 * 1024
+    max_header_count: int = 128
+    addresses: ClientAddresses = field(default_factory=ClientAddresses)
     stats: ConnectionStats = field(default_factory=ConnectionStats)
     per_client: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_listen(cls, listen: Listen) -> ConnectionGuard:
         """The guard the `listen` section configures."""
-        return cls(listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client,
-                   listen.write_timeout_s)  # fmt: skip
+        return cls(
+            listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client,
+            write_timeout_s=listen.write_timeout_s, max_header_bytes=listen.max_header_bytes,
+            max_header_count=listen.max_header_count, addresses=ClientAddresses.from_listen(listen),
+        )  # fmt: skip
 
     def admit(self, peer: str) -> bool:
         """Take one connection slot of `peer`; False (and nothing taken) when it holds all of them."""
@@ -108,30 +122,19 @@ def register_connection_metrics(meter: Meter, stats: ConnectionStats) -> None:
         "gateway.connections.refused", [lambda o: [Observation(stats.refused)]], "{connection}",
         "Connections answered 503 because their client address held listen.max_connections_per_client",
     )  # fmt: skip
+    meter.create_observable_counter(
+        "gateway.connections.headers_too_large", [lambda o: [Observation(stats.headers_too_large)]], "{connection}",
+        "Connections answered 431 because their headers passed listen.max_header_bytes or max_header_count",
+    )  # fmt: skip
     meter.create_observable_gauge(
         "gateway.connections.open", [lambda o: [Observation(stats.open)]], "{connection}",
         "Client connections open now",
     )  # fmt: skip
 
 
-def _raw_response(status: int, reason: bytes, body: bytes) -> bytes:
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, reason, len(body)) + body)  # fmt: skip
-
-
-def _envelope(path: bytes, status: int, message: str, kind: str, code: str) -> bytes:
-    """The error body in the envelope of the API the (possibly partial) path belongs to."""
-    if path.startswith(b"/v1/messages"):
-        anthropic_type = "api_error" if status >= 500 else "invalid_request_error"
-        if status == 408:
-            anthropic_type = "timeout_error"
-        return orjson.dumps({"type": "error", "error": {"type": anthropic_type, "message": message}})
-    return error_body(message, kind, None, code)
-
-
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     """The app a refused connection gets: one 503 in its API's envelope, then the connection closes."""
-    body = _envelope(scope.get("raw_path", b""), 503, "Too many open connections from this address.",
+    body = envelope(scope.get("raw_path", b""), 503, "Too many open connections from this address.",
                      "service_unavailable", "too_many_connections")  # fmt: skip
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close"), (b"retry-after", b"1")]  # fmt: skip
@@ -139,7 +142,7 @@ async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class _GuardedBase(HttpToolsProtocol):
+class _GuardedBase(HeaderBounds):
     """uvicorn's httptools protocol with header and body deadlines and the per-client cap (see the module doc)."""
 
     guard: ClassVar[ConnectionGuard]
@@ -150,13 +153,17 @@ class _GuardedBase(HttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._peer: str | None = None
         self._got_bytes = False
+        self._gateway_app = self.app
+        self._via_proxy = False
         self._queued_body = False  # a pipelined request whose body was not complete when it was queued
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection against its client address and start the header deadline."""
         super().connection_made(transport)
         peer = self.client[0] if self.client else ""
-        if self.guard.admit(peer):
+        if self.guard.addresses.trusts(peer):
+            self._via_proxy = True  # counted per forwarded client, once each request's headers are in
+        elif self.guard.admit(peer):
             self._peer = peer
         else:
             self.app = _refuse  # answered once its headers are in, then closed
@@ -172,19 +179,24 @@ class _GuardedBase(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser (whose callbacks move the deadlines)."""
+        """Feed the parser (whose callbacks move the deadlines and count header bytes)."""
         self._got_bytes = True
         super().data_received(data)
+        self._bound_open_head(len(data))
 
     def on_message_begin(self) -> None:
         """A request's first byte: its headers are due (the connection's own deadline if still running)."""
         super().on_message_begin()
+        self._start_head()
         if self._timer is None:
             self._arm(self.guard.header_timeout_s, "header")
 
     def on_headers_complete(self) -> None:
         """Headers in time: the body is due next."""
         self._disarm()
+        self._end_head()
+        if self._via_proxy:
+            self._admit_forwarded()
         super().on_headers_complete()
         if not self.pipeline:  # a queued (pipelined) request is not read until its turn: on_response_complete
             self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
@@ -196,6 +208,22 @@ class _GuardedBase(HttpToolsProtocol):
         self._disarm()
         self._queued_body = False
         super().on_message_complete()
+        self._in_head = True  # the next bytes on this connection are the next request's headers
+
+    # -- forwarded-for (see the module doc) ------------------------------------------------------------
+    def _admit_forwarded(self) -> None:
+        """A request through a trusted proxy: hold a slot of the client its forwarded-for header names."""
+        client = self.guard.addresses.client_of(self.client[0] if self.client else "", self.headers)
+        if client == self._peer:
+            return
+        if self._peer is not None:
+            self.guard.leave(self._peer)
+            self._peer = None
+        if self.guard.admit(client):
+            self._peer = client
+            self.app = self._gateway_app
+        else:
+            self.app = _refuse
 
     def on_response_complete(self) -> None:
         """A response went out; a pipelined request whose body is still due starts its body deadline now."""
@@ -252,8 +280,8 @@ class _GuardedBase(HttpToolsProtocol):
         self.guard.stats.timed_out(phase)
         if phase == "header" and self._got_bytes:
             message = f"The request headers did not arrive within {self.guard.header_timeout_s:g} s."
-            body = _envelope(getattr(self, "url", b""), 408, message, "invalid_request_error", "request_timeout")
-            self.transport.write(_raw_response(408, b"Request Timeout", body))
+            body = envelope(getattr(self, "url", b""), 408, message, "invalid_request_error", "request_timeout")
+            self.transport.write(raw_response(408, b"Request Timeout", body))
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True
             self.cycle.message_event.set()

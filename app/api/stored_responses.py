@@ -7,7 +7,7 @@ from collections.abc import Callable
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
-from app.api.parse import request_id_from
+from app.api.parse import request_id_from, single_credentials
 from app.api.proxy import headers_of, send_reply
 from app.errors import GatewayError, not_found
 from app.gateway import Gateway
@@ -45,8 +45,9 @@ class StoredResponseEndpoint:
         method = scope["method"]
         if not response_id or (action, method) not in {("", "GET"), ("cancel", "POST")}:
             raise not_found(f"Unknown path {scope['path']} ({method}).", code="unknown_url")
-        await gw.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
-        holder = ResponseRoutes.usable(response_id, await gw.responses.recall(response_id))
+        single_credentials(scope["headers"])
+        tenant = await gw.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
+        holder = ResponseRoutes.usable(response_id, await gw.responses.recall(response_id), tenant.id)
         pool = gw.cluster.pools.get(holder.pool)
         replica = next((r for r in pool.replicas if r.url == holder.replica), None) if pool else None
         if replica is None or not replica.available():

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from app.config.admission import AdmissionConfig
 from app.config.discovery import DiscoveryConfig
 from app.config.env import YamlEnvSource
+from app.config.listen import Listen
 from app.config.load_report import LoadReportSettings
 from app.config.peer_load import PeerLoadSettings
 from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams, RoundRobinParams, policy_object
@@ -37,30 +38,6 @@ def _check_url(url: str) -> str:
 
 
 ReplicaUrl = Annotated[str, AfterValidator(_check_url)]
-
-
-class Listen(StrictModel):
-    """Where the gateway listens, and how it treats slow, idle and draining connections."""
-
-    host: str = Field("127.0.0.1", description="Address to bind; `0.0.0.0` for all interfaces.")
-    port: int = Field(8080, ge=0, le=65535, description="Port to bind (0: any free port).")
-    header_timeout_s: float = Field(10.0, gt=0, description=(
-        "A request's headers must arrive within this of its first byte (or of the connection); a stalled "
-        "socket is closed and counted (slow clients)."))
-    body_timeout_s: float = Field(30.0, gt=0, description="A request's body must arrive within this of its headers.")
-    max_connections_per_client: int = Field(256, ge=1, description=(
-        "Open connections one client address may hold at once; one more is answered 503 and closed."))
-    keepalive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
-    drain_s: float = Field(30.0, ge=0, description=(
-        "On SIGTERM, open requests get up to this long (from the signal) to finish."))
-    drain_notice_s: float = Field(1.0, ge=0, description=(
-        "On SIGTERM, /ready turns 503 and the listener stays open this much longer (load balancers see the "
-        "readiness change), then stops accepting."))
-    write_timeout_s: float = Field(30.0, gt=0, description=(
-        "A response the client stops reading this long (send buffer full) is cut: the connection closed, the "
-        "upstream request aborted, its limit slot freed."))
-    workers: int = Field(1, ge=1, le=64, description=(
-        "Processes serving this port (SO_REUSEPORT); more than one needs a shared store (`store.url`)."))
 
 
 class StoreConfig(StrictModel):

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from app.config.types import NormalizeMode, OnExceed, RouteClassName, StrictModel
+from app.config.types import Access, NormalizeMode, OnExceed, RouteClassName, StrictModel
 
 
 def _yaml_bool_to_mode(value: Any) -> Any:
@@ -76,5 +76,11 @@ class AuthConfig(StrictModel):
     anonymous_keys: list[str] = Field(default_factory=lambda: ["EMPTY"], description=(
         "With `required: false`, these keys mean anonymous (SDKs insist on sending one; vLLM's docs use EMPTY). "
         "Any other key must name a tenant (401 otherwise), so a typo'd key is never billed anonymously."))
+    metrics_access: Access = Field("open", description=(
+        "Who may GET /metrics (its labels name every tenant): `open` (the shipped compose and Kubernetes "
+        "Prometheus scrapes send no key), `admin_key` (Bearer one of `admin_keys`; Prometheus: "
+        "`authorization: {credentials: <key>}`) or `off` (404)."))
+    docs_access: Access = Field("admin_key", description=(
+        "Who may read /docs, /redoc and /openapi.json: `open`, `admin_key` or `off` (404)."))
 
 

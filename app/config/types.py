@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict
 RouteClassName = Literal["interactive", "bulk"]
 ROUTE_CLASSES: tuple[RouteClassName, ...] = get_args(RouteClassName)
 NormalizeMode = Literal["off", "observe", "on"]
+# Who may read a control path (/metrics, the API docs): anyone, holders of an admin key, nobody.
+Access = Literal["open", "admin_key", "off"]
 # What happens to a request over a limit or refused by a full admission queue: 429, or served as bulk.
 OnExceed = Literal["reject", "degrade"]
 

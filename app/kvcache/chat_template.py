@@ -123,7 +123,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
                     if isinstance(args, str):
                         try:
                             fn["arguments"] = json.loads(args) if args else {}
-                        except json.JSONDecodeError:
+                        except (json.JSONDecodeError, RecursionError):  # arguments are the client's text
                             fn["arguments"] = {}
                     elif not args:
                         fn["arguments"] = {}

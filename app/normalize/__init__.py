@@ -5,7 +5,7 @@
 
 from app.normalize.memory import VolatilityMemory
 from app.normalize.rules import RULES
-from app.normalize.salt import cache_salt_for, salt_for_tenant
+from app.normalize.salt import cache_salt_for, client_salt, request_salt, salt_for_tenant
 from app.normalize.stage import normalize
 from app.normalize.tools import canonicalize_tools
 from app.surfaces.placement import BLOCK_CLOSE, BLOCK_OPEN
@@ -17,6 +17,8 @@ __all__ = [
     "VolatilityMemory",
     "cache_salt_for",
     "canonicalize_tools",
+    "client_salt",
     "normalize",
+    "request_salt",
     "salt_for_tenant",
 ]

@@ -2,11 +2,15 @@
 
 A Responses request with `previous_response_id`, and GET / cancel of a stored response, must reach that
 replica (vLLM keeps the response in its own process). The mapping goes to the Store (Redis when configured,
-so any gateway replica can route it) with a bounded lifetime; the replica's URL is all that is kept.
+so any gateway replica can route it) with a bounded lifetime; the replica's URL is all that is kept, with the
+tenant that made the response: vLLM answers any caller who names an id, so the gateway is what keeps one
+tenant from reading (or continuing, or cancelling) another's. Another tenant gets the same 404 as an unknown
+id. Anonymous callers are one tenant ("anonymous") and share their responses.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import NamedTuple
 
@@ -26,6 +30,7 @@ class Holder(NamedTuple):
     # A stream continued on another replica (mid-stream migration) leaves no faithful stored copy: the first
     # replica died with its state, and the second stored only the continuation, under an id of its own.
     migrated: bool = False
+    tenant: str = ""  # who made it ("" in mappings written before tenants were kept: nobody's, so not served)
 
 
 def response_not_found(response_id: str) -> GatewayError:
@@ -63,7 +68,9 @@ class ResponseRoutes:
     async def remember(self, response_id: str, holder: Holder) -> None:
         """Record where a finished response lives."""
         try:
-            value = "\t".join((holder.pool, holder.replica, holder.model, "migrated" if holder.migrated else ""))
+            value = "\t".join(
+                (holder.pool, holder.replica, holder.model, "migrated" if holder.migrated else "", holder.tenant)
+            )
             await self._store.remember(_PREFIX + response_id, value, self._ttl_s)
         except StoreUnavailable:
             log.warning("store unavailable: response %s will not be routable by id", response_id)
@@ -79,12 +86,15 @@ class ResponseRoutes:
         parts = value.split("\t")
         if len(parts) == 3:  # written before the migrated flag existed
             return Holder(parts[0], parts[1], parts[2])
-        return Holder(parts[0], parts[1], parts[2], parts[3] == "migrated") if len(parts) == 4 else None
+        if len(parts) == 4:
+            return Holder(parts[0], parts[1], parts[2], parts[3] == "migrated")
+        return Holder(parts[0], parts[1], parts[2], parts[3] == "migrated", parts[4]) if len(parts) == 5 else None
 
     @staticmethod
-    def usable(response_id: str, holder: Holder | None) -> Holder:
-        """The holder of a response a request names, or the 404 that says why there is none."""
-        if holder is None:
+    def usable(response_id: str, holder: Holder | None, tenant_id: str) -> Holder:
+        """The holder of a response `tenant_id` names, or the 404 that says why there is none (another tenant's
+        response is not found, as an unknown id is: its existence is not told)."""
+        if holder is None or not hmac.compare_digest(holder.tenant.encode(), tenant_id.encode()):
             raise response_not_found(response_id)
         if holder.migrated:
             raise response_migrated(response_id)

@@ -28,11 +28,11 @@ class ResponsePinning(PathHook):
         """A continuation goes where its response lives (404 when no replica holds it whole)."""
         previous = ctx.surface.continues(ctx.body)
         if previous is not None:
-            holder = ResponseRoutes.usable(previous, await self.routes.recall(previous))
+            holder = ResponseRoutes.usable(previous, await self.routes.recall(previous), ctx.tenant_id)
             ctx.pinned = (holder.pool, holder.replica)
 
     async def before_settle(self, ctx: RequestContext) -> None:
         """Remember the replica of a response it stored (GET, cancel and continuations route to it)."""
         if ctx.surface.stores_responses and ctx.response_id and ctx.route is not None and ctx.status == 200:
-            holder = Holder(ctx.route.pool, ctx.route.replica, ctx.model, migrated=ctx.migrations > 0)
+            holder = Holder(ctx.route.pool, ctx.route.replica, ctx.model, ctx.migrations > 0, ctx.tenant_id)
             await self.routes.remember(ctx.response_id, holder)

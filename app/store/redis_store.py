@@ -45,7 +45,8 @@ from app.store.base import (
     written_payload,
 )
 from app.store.redis_scripts import ADMIT, ADMIT_KEYS, RENEW_LEASE, SETTLE, SETTLE_KEYS, SHARE_LOAD
-from app.store.resp import RespAddress, RespClient, RespError, ScriptCall, encode_command
+from app.store.resp import RespClient, RespError, ScriptCall
+from app.store.resp_address import RespAddress, encode_command
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -295,30 +296,41 @@ class RedisStore:
 
     async def key_tenant(self, key_hash: str) -> str | None:
         """The tenant an API key hash belongs to."""
-        value = await self._call(self._r.get(f"{self._p}key:{key_hash}"))
-        return None if value is None else str(value)
+        return await self._get(f"{self._p}key:{key_hash}")
 
     async def remember(self, name: str, value: str, ttl_s: float) -> None:
         """SET with an expiry: any gateway replica can read it back (on the pipelined connection: it runs
         once per Responses request, and through redis-py it cost as much CPU as the limiter's settle)."""
         key, px = f"{self._p}fact:{name}", max(int(ttl_s * 1000), 1)
-        fast = self._fast
-        if fast is None:
+        if self._fast is None:
             await self._call(self._r.set(key, value, px=px))
             return
+        await self._fast_command(encode_command("SET", key, value, "PX", px))
+
+    async def recall(self, name: str) -> str | None:
+        """GET a remembered fact."""
+        return await self._get(f"{self._p}fact:{name}")
+
+    async def _get(self, key: str) -> str | None:
+        """GET on the pipelined connection when there is one: the hot path's reads (a key lookup, a response's
+        holder) ride with its scripts, so a burst of them is one write instead of one pooled connection each."""
+        if self._fast is None:
+            value = await self._call(self._r.get(key))
+            return None if value is None else str(value)
+        reply = await self._fast_command(encode_command("GET", key))
+        return None if reply is None else bytes(reply).decode()
+
+    async def _fast_command(self, payload: bytes) -> Any:
+        assert self._fast is not None
         self._check_up()
         try:
-            await fast.execute(encode_command("SET", key, value, "PX", px))
+            reply = await self._fast.execute(payload)
         except _DOWN_ERRORS as err:
             raise self._down(err) from err
         except RespError as err:
             raise self._server_error(err) from err
         self._down_until = 0.0
-
-    async def recall(self, name: str) -> str | None:
-        """GET a remembered fact."""
-        value = await self._call(self._r.get(f"{self._p}fact:{name}"))
-        return None if value is None else str(value)
+        return reply
 
     async def tenant_keys(self, tenant_id: str) -> list[str]:
         """The key hashes a tenant holds, sorted."""

@@ -8,8 +8,14 @@ were most of a script call's CPU.
 
 Failure model (the store turns these into StoreUnavailable and its cool-off):
 - the connection drops, or cannot be opened within `timeout_s`: `RespConnectionError`;
-- a command waits longer than `timeout_s` for its reply: `RespTimeout`. The connection is then
-  dropped (a late reply would answer the wrong future) and every command still waiting on it fails;
+- a command waits longer than `timeout_s` for its reply: `RespTimeout`, for that command only. The
+  deadline is Redis' answer, not the gateway's loop: when the timer fires, a reply already in the socket
+  (the loop was busy, e.g. a burst of 100 requests parsed at once, and has not read it yet) is not a timeout.
+  A timed-out command keeps its place in the FIFO, so its late reply is read and dropped and later
+  commands still get their own replies; the connection is dropped only when nothing at all has arrived
+  for `dead_after_s` while commands wait (a dead peer). Before 2026-12-02 the first late reply dropped the
+  connection and failed every waiting command: a 100-request burst over 2 gateways let `rpm: 50` pass 85 to 88
+  (the store's cool-off then served the rest unenforced);
 - Redis answers with an error reply: `RespError` (for that command only; the connection stays).
 The next command after a drop opens a new connection. Nothing is retried here: a command that may
 have run (timeout, drop after sending) must not silently run twice.
@@ -25,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import select
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+
+from app.store.resp_address import RespAddress
 
 CRLF = b"\r\n"
 Reply = bytes | int | list[Any] | None
@@ -58,14 +65,6 @@ class RespProtocolError(RespConnectionError):
 def bulk(arg: bytes) -> bytes:
     """One RESP bulk string."""
     return b"$%d\r\n%b\r\n" % (len(arg), arg)
-
-
-def encode_command(*args: str | bytes | int) -> bytes:
-    """A whole command as a RESP array of bulk strings (for cold commands and the handshake)."""
-    parts = [b"*%d\r\n" % len(args)]
-    for a in args:
-        parts.append(bulk(a if isinstance(a, bytes) else str(a).encode()))
-    return b"".join(parts)
 
 
 class ScriptCall:
@@ -131,15 +130,35 @@ def parse_reply(buf: bytes, pos: int) -> tuple[Reply | RespError, int]:
     raise RespProtocolError(f"unexpected RESP type byte {kind!r}")
 
 
+_UNSENT = float("inf")
+
+
+def connect_bound(timeout_s: float) -> float:
+    """How long a connect may take: at least 1 s. It runs on the gateway's loop, whose timers fire before it reads
+    its sockets: the first command of a burst opens the connection while the loop is busiest, and a 0.25 s bound
+    there would time out a connect that had succeeded. A refused connect still fails at once."""
+    return max(timeout_s, 1.0)
+
+
+def dead_after(timeout_s: float) -> float:
+    """How long a connection may stay silent while commands wait before it is taken for dead."""
+    return max(4 * timeout_s, 1.0)
+
+
 class _Conn(asyncio.Protocol):
     """One connection: writes commands, matches replies to waiting futures in FIFO order."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
         self.loop = loop
         self.timeout_s = timeout_s
+        self.dead_after_s = dead_after(timeout_s)
         self.transport: asyncio.Transport | None = None
+        self.fd = -1
+        self.last_rx = loop.time()
         self.closed = False
-        self.waiters: deque[tuple[asyncio.Future[Any], float]] = deque()
+        # [future, deadline]: the deadline runs from when the command's bytes were written (_UNSENT until
+        # then), so time a command spent in our own buffer behind a busy loop is not counted against Redis.
+        self.waiters: deque[list[Any]] = deque()
         self.buf = b""
         self.out: list[bytes] = []
         # One timer per connection, re-armed to the oldest waiter's deadline when it fires: cheaper
@@ -151,9 +170,12 @@ class _Conn(asyncio.Protocol):
         """Keep the transport."""
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
         """Resolve one waiter per complete reply; keep a cut-off tail for the next chunk."""
+        self.last_rx = self.loop.time()
         buf = self.buf + data if self.buf else data
         pos = 0
         size = len(buf)
@@ -194,20 +216,21 @@ class _Conn(asyncio.Protocol):
         if self.closed or self.transport is None:
             fut.set_exception(RespConnectionError("connection closed"))
             return fut
-        deadline = self.loop.time() + self.timeout_s
         waiters = self.waiters
-        waiters.append((fut, deadline))
-        if len(waiters) == 1 and not self.out:
+        if not waiters and not self.out:
             # Nothing in flight: write now (no extra loop iteration before the command leaves).
+            deadline = self.loop.time() + self.timeout_s
+            waiters.append([fut, deadline])
             self._write(payload)
+            if self.timer is None:
+                self.timer = self.loop.call_at(deadline, self._on_timer)
         else:
             # Under load, commands sent in the same loop iteration leave in one write (one syscall).
+            waiters.append([fut, _UNSENT])
             out = self.out
             out.append(payload)
             if len(out) == 1:
                 self.loop.call_soon(self._flush)
-        if self.timer is None:
-            self.timer = self.loop.call_at(deadline, self._on_timer)
         return fut
 
     def _flush(self) -> None:
@@ -216,8 +239,14 @@ class _Conn(asyncio.Protocol):
             out.clear()
             return
         payload = out[0] if len(out) == 1 else b"".join(out)
+        deadline = self.loop.time() + self.timeout_s
+        waiters = self.waiters
+        for i in range(1, min(len(out), len(waiters)) + 1):  # the unsent are the newest waiters
+            waiters[-i][1] = deadline
         out.clear()
         self._write(payload)
+        if self.timer is None and not self.closed:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
 
     def _write(self, payload: bytes) -> None:
         try:
@@ -229,11 +258,41 @@ class _Conn(asyncio.Protocol):
         self.timer = None
         if not self.waiters or self.closed:
             return
-        deadline = self.waiters[0][1]
-        if deadline <= self.loop.time():
-            self.fail(RespTimeout(f"no reply from redis within {self.timeout_s:g} s"))
-        else:
-            self.timer = self.loop.call_at(deadline, self._on_timer)
+        now = self.loop.time()
+        if self._reply_waiting():
+            # Redis answered; the loop has not read it yet (it was busy). Not a timeout: look again once
+            # the loop has had a turn at its sockets.
+            self.timer = self.loop.call_at(now + min(self.timeout_s, 0.05), self._on_timer)
+            return
+        if self.waiters[0][1] == _UNSENT:
+            return  # nothing written is waiting; _flush arms the timer when it writes
+        # Silent since the later of its last byte and the oldest waiting command's write: dead.
+        silent_since = max(self.last_rx, self.waiters[0][1] - self.timeout_s)
+        if now - silent_since >= self.dead_after_s:
+            self.fail(RespTimeout(f"no bytes from redis for {self.dead_after_s:g} s; connection dropped"))
+            return
+        # Fail only the commands past their deadline; each keeps its place, so its late reply is read and
+        # dropped (as for a cancelled caller) and the connection goes on serving the others.
+        next_at = silent_since + self.dead_after_s
+        for fut, deadline in self.waiters:
+            if fut.done():
+                continue
+            if deadline > now:
+                next_at = min(next_at, deadline)
+                break
+            fut.set_exception(RespTimeout(f"no reply from redis within {self.timeout_s:g} s"))
+        self.timer = self.loop.call_at(max(next_at, now + 0.001), self._on_timer)
+
+    def _reply_waiting(self) -> bool:
+        """Whether bytes from Redis sit unread in the socket (one non-blocking poll; only when a timer fires)."""
+        if self.fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        try:
+            return bool(poller.poll(0))
+        except OSError:
+            return False
 
     def fail(self, err: Exception) -> None:
         """Drop the connection and fail every waiting command with `err`."""
@@ -247,45 +306,6 @@ class _Conn(asyncio.Protocol):
                 fut.set_exception(err)
         if self.transport is not None:
             self.transport.abort()
-
-
-@dataclass(frozen=True, slots=True)
-class RespAddress:
-    """Where and how to connect (what a redis:// or unix:// URL says that this client supports)."""
-
-    host: str = "127.0.0.1"
-    port: int = 6379
-    path: str | None = None  # unix socket
-    db: int = 0
-    username: str | None = None
-    password: str | None = None
-
-    @classmethod
-    def from_url(cls, url: str) -> RespAddress | None:
-        """Parse a redis:// or unix:// URL; None for what this client does not speak (TLS, options)."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "unix"):
-            return None
-        query = dict(q.split("=", 1) for q in parts.query.split("&") if "=" in q)
-        if set(query) - {"db"}:
-            return None
-        user = unquote(parts.username) if parts.username else None
-        password = unquote(parts.password) if parts.password else None
-        if parts.scheme == "unix":
-            return cls(path=parts.path, db=int(query.get("db", 0)), username=user, password=password)
-        db_path = parts.path.lstrip("/")
-        db = int(query.get("db", db_path or 0))
-        return cls(parts.hostname or "127.0.0.1", parts.port or 6379, None, db, user, password)
-
-    def handshake(self) -> list[bytes]:
-        """Commands a fresh connection sends before any other (AUTH, SELECT)."""
-        out = []
-        if self.password is not None:
-            auth = ("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)
-            out.append(encode_command(*auth))
-        if self.db:
-            out.append(encode_command("SELECT", self.db))
-        return out
 
 
 class RespClient:
@@ -336,9 +356,9 @@ class RespClient:
                 connecting = loop.create_unix_connection(factory, a.path)
             else:
                 connecting = loop.create_connection(factory, a.host, a.port)
-            _, conn = await asyncio.wait_for(connecting, self._timeout)
+            _, conn = await asyncio.wait_for(connecting, connect_bound(self._timeout))
         except TimeoutError as err:
-            raise RespTimeout(f"connect to redis took over {self._timeout:g} s") from err
+            raise RespTimeout(f"connect to redis took over {connect_bound(self._timeout):g} s") from err
         except OSError as err:
             raise RespConnectionError(f"cannot connect to redis: {err}") from err
         try:

@@ -144,6 +144,16 @@ def positive_int(body: Mapping[str, Any], key: str) -> None:
         raise bad_request(f"'{key}' must be a positive integer", param=key)
 
 
+def int_in(body: Mapping[str, Any], key: str, lo: int, hi: int) -> None:
+    """400 unless body[key] is absent or an integer in [lo, hi] (the multipliers: one request must not ask an
+    engine for 10^9 choices; OpenAI's own bounds)."""
+    value = body.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be an integer between {lo} and {hi}", param=key)
+
+
 def number_in(body: Mapping[str, Any], key: str, lo: float, hi: float) -> None:
     """400 unless body[key] is absent or a number in [lo, hi]."""
     value = body.get(key)

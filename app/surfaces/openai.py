@@ -14,6 +14,7 @@ from app.surfaces.base import (
     Parsed,
     StreamObserver,
     WarmRequest,
+    int_in,
     number_in,
     positive_int,
     record_usage,
@@ -32,6 +33,12 @@ _BARE_DATA = b"data:{"
 _USAGE, _USAGE_NULL = b'"usage"', b'"usage":null'
 _FINISH, _FINISH_NULL = b'"finish_reason"', b'"finish_reason":null'
 _FINISH_NULL_LEN = len(_FINISH_NULL)
+# OpenAI's bounds on the request multipliers (vLLM's default max_logprobs is 20 too).
+MAX_N = 128
+MAX_BEST_OF = 20
+MAX_LOGPROBS = 20
+# How much of a non-JSON upstream error body the client's envelope quotes.
+_UPSTREAM_TEXT = 512
 
 
 def capture_usage(usage_obj: Mapping[str, Any] | None, into: Usage) -> None:
@@ -196,7 +203,11 @@ class OpenAISurface:
         if stream and not self.can_stream:
             raise bad_request(f"{self.name} cannot be streamed", param="stream")
         positive_int(body, "max_tokens")
-        positive_int(body, "n")
+        int_in(body, "n", 1, MAX_N)
+        int_in(body, "best_of", 1, MAX_BEST_OF)
+        int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if not isinstance(body.get("logprobs"), bool):  # chat's is a flag; completions' a count
+            int_in(body, "logprobs", 0, MAX_LOGPROBS)
         number_in(body, "temperature", 0, 2)
         number_in(body, "top_p", 0, 1)
         wants_usage = False
@@ -253,12 +264,17 @@ class OpenAISurface:
     def upstream_error(self, status: int, body: bytes) -> bytes:
         """vLLM's own 4xx bodies are OpenAI's envelope already: passed through unchanged. FastAPI's
         `{"detail": …}` (a route the model does not serve, e.g. /v1/embeddings on a generative model) is put
-        into the envelope."""
+        into the envelope, and so is a body that is not a JSON object (a proxy's text or HTML page): the client
+        is told `application/json`, so it gets JSON in OpenAI's envelope."""
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return body
-        if not isinstance(doc, dict) or "error" in doc or not isinstance(doc.get("detail"), str):
+            doc = None
+        if not isinstance(doc, dict):
+            text = body[:_UPSTREAM_TEXT].decode("utf-8", "replace").strip()
+            return error_body(f"The engine answered {status}: {text}" if text else f"The engine answered {status}.",
+                              "invalid_request_error", None, "upstream_error")  # fmt: skip
+        if "error" in doc or not isinstance(doc.get("detail"), str):
             return body
         if status == 404:
             return error_body(f"This model's replicas do not serve {self.name}.", "invalid_request_error", None,

@@ -15,10 +15,8 @@ import httpx
 import orjson
 import pytest
 
-from app.api.app import create_app
-from app.api.server import server_config
-from tests.conftest import PUBLIC_MODEL, gateway_config
-from tests.servers import FakeUpstream, free_port, running, serve_in_thread
+from tests.conftest import PUBLIC_MODEL, gateway_config, running_guarded_gateway
+from tests.servers import FakeUpstream, free_port, serve_in_thread
 
 DEADLINE_S = 1.0
 CHAT = {"model": PUBLIC_MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -31,11 +29,8 @@ SHORT_BODY = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: 
 def serve_guarded(**listen: Any) -> Iterator[str]:
     """The gateway in front of a fake upstream, served as `kvgate serve` serves it; yields its base URL."""
     with serve_in_thread(FakeUpstream().app()) as upstream:
-        port = free_port()
-        cfg = gateway_config([upstream], listen={"host": "127.0.0.1", "port": port, **listen})
-        app = create_app(cfg)
-        config = server_config(app, cfg.listen, app.connections, loop="asyncio", log_level="error")
-        with running(config) as url:
+        cfg = gateway_config([upstream], listen={"host": "127.0.0.1", "port": free_port(), **listen})
+        with running_guarded_gateway(cfg) as url:
             yield url
 
 

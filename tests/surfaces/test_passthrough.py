@@ -78,13 +78,16 @@ def test_key_head_follows_the_body_shape() -> None:
     assert CLASSIFY.view({}).key_head == ""
 
 
-def test_upstream_route_not_found_becomes_an_openai_envelope_and_vllm_errors_pass_unchanged() -> None:
+def test_upstream_route_not_found_and_non_object_errors_become_an_openai_envelope_and_vllm_errors_pass_unchanged(
+) -> None:
     got = orjson.loads(RERANK.upstream_error(404, b'{"detail":"Not Found"}'))
     assert got == {"error": {"message": "This model's replicas do not serve rerank.", "type": "invalid_request_error",
                              "param": None, "code": "unknown_url"}}  # fmt: skip
     vllm = b'{"error":{"message":"bad","type":"BadRequestError","param":"body.tokens","code":400}}'
     assert DETOKENIZE.upstream_error(400, vllm) is vllm
-    assert TOKENIZE.upstream_error(502, b"<html>") == b"<html>"
+    html = orjson.loads(TOKENIZE.upstream_error(413, b"<html>Request Entity Too Large</html>"))
+    assert html["error"]["code"] == "upstream_error" and "413" in html["error"]["message"]
+    assert orjson.loads(TOKENIZE.upstream_error(400, b'["not", "an", "object"]'))["error"]["code"] == "upstream_error"
 
 
 def test_reply_usage_is_captured_and_the_model_name_made_public() -> None:

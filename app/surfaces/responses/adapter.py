@@ -14,6 +14,7 @@ from app.records import Operation, Usage
 from app.surfaces.base import (
     Parsed,
     WarmRequest,
+    int_in,
     leading_then_user,
     number_in,
     positive_int,
@@ -25,7 +26,7 @@ from app.surfaces.base import (
 )
 from app.surfaces.exchange import Exchange
 from app.surfaces.migration import Migration
-from app.surfaces.openai import OpenAISurface
+from app.surfaces.openai import MAX_LOGPROBS, OpenAISurface
 from app.surfaces.placement import TailPlacement, render_block
 from app.surfaces.responses.migration import RESPONSES_MIGRATION
 from app.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
@@ -129,6 +130,7 @@ class ResponsesSurface(OpenAISurface):
             raise bad_request("'tools' must be an array", param="tools")
         stream = stream_flag(body)
         positive_int(body, "max_output_tokens")
+        int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
         number_in(body, "temperature", 0, 2)
         number_in(body, "top_p", 0, 1)
         return Parsed(stream, True)
