@@ -54,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def serve_app(cfg: GatewayConfig, host: str, port: int, log_level: str, *, sock: socket.socket | None = None,
-              worker: WorkerInfo | None = None) -> int:  # fmt: skip
+              worker: WorkerInfo | None = None) -> int:
     """One gateway process on host:port, or on `sock` as one of `kvgate serve --workers N` (app/workers.py)."""
     from app.api.app import create_app
     from app.api.server import server_config
@@ -215,7 +215,7 @@ def missing_extra(extra: str) -> list[str]:
 
 def _missing_extra_message(command: str, missing: Sequence[str]) -> str:
     return (f"kvgate {command} needs the '{command}' extra (missing: {', '.join(missing)}); "
-            f"install it with: pip install 'kvgate[{command}]'")  # fmt: skip
+            f"install it with: pip install 'kvgate[{command}]'")
 
 
 def _needs_extra(command: str, missing: Sequence[str]) -> Callable[[argparse.Namespace], int]:

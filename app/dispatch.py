@@ -119,7 +119,7 @@ class Dispatcher:
                     cfg=self.cfg.routing, exclude=frozenset(tried), body=ctx.body, blocks=ctx.blocks,
                     session=session,
                     tenant=ctx.tenant_id, prompt_tokens=ctx.estimated_input_tokens,
-                )  # fmt: skip
+                )
             except GatewayError as err:
                 blame.exhausted()
                 raise (last or err) from None
@@ -166,7 +166,7 @@ class Dispatcher:
                     ctx, resp, lease, ctx.surface.stream_observer(ctx, served),
                     migrate=self._migrate, migration=ctx.surface.migration,
                     max_migrations=self.cfg.upstream.max_migrations,
-                )  # fmt: skip
+                )
             with lease:
                 try:
                     body = await resp.body()
@@ -223,7 +223,7 @@ class Dispatcher:
             route = pick(
                 model=model, decision=ctx.route_class, key=0, cluster=self.cluster, cfg=self.cfg.routing,
                 exclude=frozenset(ctx.migration_failed), body=ctx.body,
-            )  # fmt: skip
+            )
         except GatewayError:
             ctx.migration_outcomes.append("no_replica")
             return None
@@ -295,10 +295,10 @@ class Dispatcher:
             raise GatewayError(
                 503, f"The replica {url} that holds this response's state is not available.",
                 type="service_unavailable", code="response_replica_unavailable",
-            )  # fmt: skip
+            )
         assert pool is not None
         return RouteDecision(pool=pool_name, replica=url, policy=pool.policy.name, reason="response_affinity",
-                             target=target)  # fmt: skip
+                             target=target)
 
     @staticmethod
     def _payload(ctx: RequestContext, served: str, route: RouteDecision) -> bytes:

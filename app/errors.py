@@ -94,7 +94,7 @@ class UpstreamStatusError(GatewayError):
         super().__init__(
             502, f"upstream {replica} answered {status}", type="upstream_error", code="upstream_error",
             headers={UPSTREAM_STATUS: str(status)}, failure="status_5xx",
-        )  # fmt: skip
+        )
         self.upstream_status = status
         self.upstream_body = body
 

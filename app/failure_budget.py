@@ -47,7 +47,7 @@ class FailureBudget:
                     429, "Too many of this caller's requests failed upstream; try again later.",
                     type="rate_limit_exceeded", code="failure_budget_exceeded",
                     headers={RETRY_AFTER: str(max(wait, 1))}, reason="failure_budget",
-                )  # fmt: skip
+                )
 
     def charge(self, tenant_id: str, client: str) -> None:
         """One failure caused by this caller's request."""

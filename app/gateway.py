@@ -85,7 +85,7 @@ class Gateway:
             Prewarmer(cfg.routing.prewarm, self.prefixes, self.cluster, meter=self.telemetry.meter,
                       tracer=self.telemetry.tracer)
             if cfg.routing.prewarm.enabled else None
-        )  # fmt: skip
+        )
         self.peer_load = PeerLoad.for_config(cfg, self.store, lambda: self.cluster, self.telemetry.meter)
         # Fair admission per pool that enables it (pools.<p>.admission); fed by the scraper's rounds.
         self.queues = build_queues({name: pool.admission for name, pool in cfg.pools.items()})
@@ -119,16 +119,16 @@ class Gateway:
         self.dispatcher = Dispatcher(
             self.cfg, self.cluster, AiohttpTransport(self.session), on_attempt=self.telemetry.upstream_started,
             on_pick=self.hooks.run_after_pick,
-        )  # fmt: skip
+        )
         self.path = Path(self.cfg, registry=self.registry, limiter=self.limiter, memory=self.memory,
                          dispatcher=self.dispatcher, settler=self.settler, telemetry=self.telemetry,
-                         hooks=self.hooks)  # fmt: skip
+                         hooks=self.hooks)
         self.scraper = Scraper(
             self.cluster, self.session, self.cfg.routing,
             on_scrape=self.admission.on_scrape if self.admission is not None else None,
             on_health=self.prewarmer.on_health if self.prewarmer is not None else None,
             disagreements=self.disagreements,
-        )  # fmt: skip
+        )
         await self.registry.load()
         if self.shared_learning is not None:  # before serving: a new replica starts with what others learned
             await self.shared_learning.load()

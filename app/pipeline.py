@@ -35,7 +35,7 @@ class Path:
 
     def __init__(self, cfg: GatewayConfig, *, registry: TenantRegistry, limiter: Limiter,
                  memory: VolatilityMemory, dispatcher: Dispatcher, settler: Settler, telemetry: Telemetry,
-                 hooks: Hooks) -> None:  # fmt: skip
+                 hooks: Hooks) -> None:
         self.cfg = cfg
         self.registry = registry
         self.limiter = limiter
@@ -71,7 +71,7 @@ class Path:
         ctx.body, ctx.normalize_report = normalize(
             ctx.body, surface=ctx.surface, view=ctx.prompt, tenant=tenant, model=model, memory=self.memory,
             opt_out=ctx.headers.get(NORMALIZE_OPT_OUT, "").lower() == "off", now=datetime.now(UTC), headers=ctx.headers,
-        )  # fmt: skip
+        )
         if ctx.normalize_report.applied:
             ctx.prompt = ctx.surface.view(ctx.body)
         ctx.cache_salt = request_salt(tenant, ctx.body.get("cache_salt"), self.cfg.normalize.salt_secret)
@@ -79,7 +79,7 @@ class Path:
         ctx.route_class = classify(
             ctx.body, ctx.headers, tenant, self.cfg.routing, degraded=admission.degraded is not None,
             cap_fields=ctx.surface.output_cap_fields,
-        )  # fmt: skip
+        )
         for hook in self.hooks.before_pick:
             await hook(ctx, model)
         # pick + upstream (the dispatcher runs the after_pick hooks once per attempt)

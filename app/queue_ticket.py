@@ -14,7 +14,7 @@ class AdmissionRejected(Exception):
     """The request cannot start in time (or the queue is full): map to 429 + Retry-After, or degrade."""
 
     def __init__(self, retry_after_s: float, reason: RejectReason, *, tenant: str = "",
-                 route_class: RouteClass = "bulk", waited_s: float = 0.0) -> None:  # fmt: skip
+                 route_class: RouteClass = "bulk", waited_s: float = 0.0) -> None:
         super().__init__(f"admission rejected ({reason}); retry after {retry_after_s:.1f} s")
         self.retry_after_s = retry_after_s
         self.reason = reason
@@ -55,10 +55,10 @@ class Ticket:
     """A started request's slot: settle() with the actual cost, release() (or leave `async with`) when done."""
 
     __slots__ = ("_correction", "_queue", "_released", "_settled", "over_share", "predicted_tokens", "queued",
-                 "route_class", "tenant", "waited_s")  # fmt: skip
+                 "route_class", "tenant", "waited_s")
 
     def __init__(self, queue: TicketOwner, tenant: str, route_class: RouteClass, predicted_tokens: int,
-                 waited_s: float, queued: bool, over_share: bool = False) -> None:  # fmt: skip
+                 waited_s: float, queued: bool, over_share: bool = False) -> None:
         self._queue = queue
         self.tenant = tenant
         self.route_class = route_class

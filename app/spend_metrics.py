@@ -16,8 +16,8 @@ def register_spend_metrics(meter: Meter, ledger: SpendLedger) -> None:
     meter.create_observable_counter(
         "gateway.spend.dropped", [lambda o: [Observation(ledger.dropped)]], "{record}",
         "Spend records dropped because the ledger's buffer was full while the store was unreachable (spend lost)",
-    )  # fmt: skip
+    )
     meter.create_observable_gauge(
         "gateway.spend.pending", [lambda o: [Observation(ledger.pending)]], "{record}",
         "Spend records buffered in this process, waiting for the store",
-    )  # fmt: skip
+    )

@@ -129,7 +129,7 @@ class AiohttpTransport:
             timeout = self._timeouts[idle_s] = aiohttp.ClientTimeout(sock_connect=base.sock_connect, sock_read=idle_s)
         try:
             resp = await self.session.post(replica + path, data=payload, headers=dict(headers),
-                                           timeout=timeout or self.session.timeout)  # fmt: skip
+                                           timeout=timeout or self.session.timeout)
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             raise transport_error(err, replica) from err
         if resp.status >= 500:

@@ -81,11 +81,11 @@ class ServeApp(Protocol):
     import the CLI; a module-level function, so the spawned child unpickles it by name)."""
 
     def __call__(self, cfg: GatewayConfig, host: str, port: int, log_level: str, *, sock: socket.socket | None = None,
-                 worker: WorkerInfo | None = None) -> int: ...  # fmt: skip
+                 worker: WorkerInfo | None = None) -> int: ...
 
 
 def _worker_main(serve: ServeApp, config_path: str | None, host: str, port: int, log_level: str,
-                 info: WorkerInfo) -> None:  # fmt: skip
+                 info: WorkerInfo) -> None:
     """A worker process: its own process group, the parent watched, then the single-process serve path."""
     os.setpgid(0, 0)
     parent = os.getppid()
@@ -109,7 +109,7 @@ class Supervisor:
     """Starts the workers, restarts one that crashes, forwards the stop signal and waits for the drain."""
 
     def __init__(self, serve: ServeApp, cfg: GatewayConfig, config_path: str | None, host: str, port: int,
-                 log_level: str, workers: int) -> None:  # fmt: skip
+                 log_level: str, workers: int) -> None:
         self.serve = serve
         self.cfg = cfg
         self.config_path = config_path
@@ -149,7 +149,7 @@ class Supervisor:
         proc = self._ctx.Process(
             target=_worker_main, args=(self.serve, self.config_path, self.host, self.port, self.log_level, info),
             name=f"kvgate-worker-{index}",
-        )  # fmt: skip
+        )
         proc.start()
         self._procs[index], self._started[index] = proc, started
 
@@ -166,7 +166,7 @@ class Supervisor:
                 self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
                 if len(self._restarts) > MAX_RESTARTS:
                     print(f"kvgate: workers crashed {len(self._restarts)} times in {RESTART_WINDOW_S:g} s; stopping",
-                          file=sys.stderr)  # fmt: skip
+                          file=sys.stderr)
                     return 1
                 print(f"kvgate: worker {index} exited ({proc.exitcode}); starting another", file=sys.stderr)
                 self._start(index)
@@ -193,7 +193,7 @@ class Supervisor:
 
 
 def serve_workers(serve: ServeApp, cfg: GatewayConfig, config_path: str | None, host: str, port: int,
-                  log_level: str, workers: int) -> int:  # fmt: skip
+                  log_level: str, workers: int) -> int:
     """Run `workers` gateway processes on host:port; exit 2 when the config cannot run that many."""
     problem = workers_problem(workers, cfg.store.url) if workers >= 1 else f"{workers}: give 1 or more"
     if problem is None and not hasattr(socket, "SO_REUSEPORT"):

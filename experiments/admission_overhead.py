@@ -37,7 +37,7 @@ VARIANTS = {"off": {"enabled": False}, "default": None, "on": {"enabled": True}}
 def gateway_config(upstream: str, admission: dict[str, object] | None) -> dict[str, object]:
     """One pool, two tenants (one key each), admission as the variant says."""
     pool: dict[str, object] = {"role": "interactive", "served_model": "m", "replicas": [upstream],
-                               "price": {"input_per_m": 1, "cached_input_per_m": 0.1, "output_per_m": 2}}  # fmt: skip
+                               "price": {"input_per_m": 1, "cached_input_per_m": 0.1, "output_per_m": 2}}
     if admission is not None:
         pool["admission"] = admission
     return {

@@ -382,7 +382,7 @@ def make_sessions(trace: str, sessions: int, turns: int, seed: int) -> list[Agen
             nonces=tuple(f"{rng.getrandbits(20):05x}" for _ in range(turns)),
             times=tuple(f"{start + timedelta(seconds=s):%Y-%m-%dT%H:%M:%SZ}" for s in offsets),
             request_ids=tuple(f"req_{rng.getrandbits(64):016x}" for _ in range(turns)),
-        ))  # fmt: skip
+        ))
     return out
 
 

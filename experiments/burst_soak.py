@@ -76,7 +76,7 @@ def never_reader(port: int, i: int) -> socket.socket:
 
 
 async def burst(http: httpx.AsyncClient, gw: str, port: int, b: int, out: dict[str, Counter[int]],
-                held: list[socket.socket]) -> None:  # fmt: skip
+                held: list[socket.socket]) -> None:
     async def status(kind: str, aw: Any) -> None:
         try:
             out[kind][await aw] += 1
@@ -111,7 +111,7 @@ async def run(gw: str, port: int, args: argparse.Namespace) -> tuple[dict[str, C
         await asyncio.sleep(3)  # the last never-readers' write deadline (2 s) and settles
         victim = {"authorization": f"Bearer {VICTIM}"}
         final = await asyncio.gather(*(http.post(gw + "/v1/chat/completions", json=chat(f"after {i}"),
-                                                 headers=victim) for i in range(CONCURRENT)))  # fmt: skip
+                                                 headers=victim) for i in range(CONCURRENT)))
         ready = (await http.get(gw + "/ready")).status_code
     return out, sum(r.status_code == 200 for r in final), ready
 
@@ -125,13 +125,13 @@ def main() -> int:
         p.error("--bursts in 1..200")
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-soak-"))
     sims = [sim_proc(f"sim{i}", ["--profile", "h100-8b", "--fail-marker", MARKER, "--max-model-len", "200000"],
-                     time_scale=1.0, log_dir=log_dir) for i in range(2)]  # fmt: skip
+                     time_scale=1.0, log_dir=log_dir) for i in range(2)]
     tenants = [{"id": "attacker", "api_keys": [ATTACKER]},
                {"id": "victim", "api_keys": [VICTIM], "limits": {"concurrent": CONCURRENT}},
-               {"id": "streamer", "api_keys": [STREAMER]}]  # fmt: skip
+               {"id": "streamer", "api_keys": [STREAMER]}]
     cfg = gateway_config({"main": {"role": "interactive", "replicas": [s.url for s in sims],
                                    "policy": "round_robin"}}, tenants=tenants,
-                         upstream={"idle_timeout_s": 5})  # fmt: skip
+                         upstream={"idle_timeout_s": 5})
     # One load generator on one address: the per-address connection cap (256) is not what this soak is about.
     cfg["listen"] = {"write_timeout_s": 2, "max_connections_per_client": 1024}
     gw = gateway_proc("gateway", cfg, log_dir=log_dir)

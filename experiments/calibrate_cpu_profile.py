@@ -56,7 +56,7 @@ async def stream_once(
 ) -> Timing:
     """One streaming completion with ignore_eos; chunk arrival times."""
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                            "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+                            "ignore_eos": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
@@ -131,7 +131,7 @@ async def spec_metrics(session: aiohttp.ClientSession, url: str) -> dict[str, fl
     out: dict[str, float] = {}
     for line in text.splitlines():
         for name in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
-                     "spec_decode_num_accepted_tokens_total"):  # fmt: skip
+                     "spec_decode_num_accepted_tokens_total"):
             if line.startswith(f"vllm:{name}{{"):
                 out[name] = float(line.rsplit(" ", 1)[1])
     return out
@@ -189,14 +189,14 @@ def report(name: str, m: dict[str, Any]) -> dict[str, float]:
     print("prefill  N  TTFT_ms: " + "  ".join(f"{n}:{t * 1e3:.0f}" for n, t in m["prefill"]))
     a_ctx, b_ctx = fit([(float(n), t) for n, t in m["prefix_prefill"]])
     print("prefill after a cached 1024-token prefix, N TTFT_ms: "
-          + "  ".join(f"{n}:{t * 1e3:.0f}" for n, t in m["prefix_prefill"]))  # fmt: skip
+          + "  ".join(f"{n}:{t * 1e3:.0f}" for n, t in m["prefix_prefill"]))
     print(f"  -> per new token with 1024 cached: {b_ctx * 1e3:.3f} ms (uncached fit at N=1024: "
-          f"{(b_pre + 2 * c_pre * 1024) * 1e3:.3f} ms marginal)")  # fmt: skip
+          f"{(b_pre + 2 * c_pre * 1024) * 1e3:.3f} ms marginal)")
     print("decode   B  gap_ms : " + "  ".join(f"{b}:{g * 1e3:.1f}" for b, g in m["decode"]))
     print(f"long ctx (1536) gap at B=1: {m['long_ctx_gap'] * 1e3:.1f} ms")
     fitted = {"ttft_intercept_s": a_pre, "prefill_token_s": b_pre, "prefill_attn_s": c_pre,
               "prefix_ttft_intercept_s": a_ctx, "prefix_token_s": b_ctx, "base_s": a_dec,
-              "decode_seq_s": b_dec, "kv_token_s": kv}  # fmt: skip
+              "decode_seq_s": b_dec, "kv_token_s": kv}
     print("fitted: " + ", ".join(f"{k}={v:.3g}" for k, v in fitted.items()))
     return fitted
 
@@ -224,9 +224,9 @@ async def main() -> None:
         fs = report(f"sim {args.sim_url}", sim)
         print("\nsim/real ratios: " + ", ".join(f"{k}={fs[k] / fr[k]:.2f}" for k in fr if fr[k]))
         print("TTFT ratio per N: " + "  ".join(f"{n}:{s_t / r_t:.2f}" for (n, r_t), (_, s_t)
-                                                in zip(real["prefill"], sim["prefill"], strict=True)))  # fmt: skip
+                                                in zip(real["prefill"], sim["prefill"], strict=True)))
         print("gap ratio per B:  " + "  ".join(f"{b}:{s_g / r_g:.2f}" for (b, r_g), (_, s_g)
-                                                in zip(real["decode"], sim["decode"], strict=True)))  # fmt: skip
+                                                in zip(real["decode"], sim["decode"], strict=True)))
 
 
 if __name__ == "__main__":

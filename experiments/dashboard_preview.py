@@ -84,7 +84,7 @@ class Bench:
             *KVGATE, "bench", *bases, "--api-keys", ",".join(self.keys), "--model", MODEL,
             "--workload", self.workload, *self.load, "--duration", f"{seconds:.0f}", "--timeout", "60",
             "--quiet", "--json", str(logs / f"{self.name}.json"), "--json-summary-only",
-        ]  # fmt: skip
+        ]
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _phases() -> list[Phase]:
                                   Bench("burst-chat", [a], "chat", ["--concurrency", "1"]), polite], "restart"),
         Phase("over-rpm", 0.3, [Bench("mixed-2", [a, g], "mixed", ["--concurrency", "8"]),
                                 Bench("initech-flood", [i], "chat", ["--rate", "2"])]),
-    ]  # fmt: skip
+    ]
 
 
 class Run:
@@ -139,7 +139,7 @@ class Run:
             "gateway": gateways, "otel-collector": gateways, "localhost": [self.ports["prometheus"]],
             # The late engine is scraped from the start, as a restarted pod would be: `up` shows it down first.
             "vllm-fast": [self.ports["vllm-fast"], self.ports["vllm-fast-2"]], "vllm-bulk": [self.ports["vllm-bulk"]],
-        }  # fmt: skip
+        }
         prom_cfg = self.logs / "prometheus.yml"
         prom_cfg.write_text(yaml.safe_dump(prometheus_config(targets, SCRAPE_S)))
         argv = prometheus_argv(prom_cfg, self.logs / "tsdb", self.ports["prometheus"])
@@ -163,7 +163,7 @@ class Run:
         """Run a phase's benches side by side until they finish (a stuck one is stopped past its time)."""
         t0 = time.monotonic()
         procs = [(b, spawn(self.es, self.logs, b.name, b.argv(self.gateways, phase.seconds, self.logs)))
-                 for b in phase.benches]  # fmt: skip
+                 for b in phase.benches]
         if phase.at_start:
             self.event(phase.at_start)
         for bench, proc in procs:
@@ -218,7 +218,7 @@ def _render(run: Run, out_dir: Path, window_s: float) -> None:
             [sys.executable, str(ROOT / "grafana" / "preview.py"), "--prometheus", run.prometheus,
              "--minutes", minutes, str(ROOT / "grafana" / "dashboards" / dashboard), str(out_dir / png)],
             check=True, cwd=ROOT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:

@@ -33,7 +33,7 @@ def main() -> int:
     """Probe, then route a min_p request through a gateway that was told nothing about speculation."""
     cfg = gateway_config({"fast": {"role": "interactive", "replicas": [FAST]},
                           "bulk": {"role": "bulk", "replicas": [BULK]}},
-                         routing={"allow_spill": False, "probe_interval_s": 0.5})  # fmt: skip
+                         routing={"allow_spill": False, "probe_interval_s": 0.5})
     fd, path = tempfile.mkstemp(prefix="kvgate-engine-check-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(cfg, f)

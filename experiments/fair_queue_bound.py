@@ -67,7 +67,7 @@ class Model:
         self.args = args
         self.profile = profile
         cfg = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_model_len=8192)  # fmt: skip
+                              max_model_len=8192)
         self.sched = Scheduler(cfg, BlockPool(25_000, block_size=16, enable_caching=False))
         self._ids = itertools.count(1)
         self.tenant: dict[int, str] = {}
@@ -102,9 +102,9 @@ class Model:
             started = 0
             light_prefilling = policy.quiet and any(
                 self.tenant[r.seq] == LIGHT and r.num_output == 0 for r in (*sched.waiting, *sched.running)
-            )  # fmt: skip
+            )
             while (waiting[HEAVY] and len(self.tenant) < policy.cap - policy.headroom and started < policy.per_step
-                   and not light_prefilling and now >= paced_until):  # fmt: skip
+                   and not light_prefilling and now >= paced_until):
                 self._add(self.request(waiting[HEAVY].popleft()), HEAVY)
                 started += 1
                 if policy.pace and len(done) >= 8 and done[-1] > done[0]:
@@ -145,7 +145,7 @@ class Model:
                     heavy_waiting.append(at)  # (a light request over the cap would wait: not at these rates)
             t = max(paced_until, gate_open_at, prev)  # the earliest a heavy start could have happened since
             while (heavy_waiting and len(self.tenant) < policy.cap - policy.headroom and t <= now
-                   and (not policy.gate or unprefilled < policy.gate)):  # fmt: skip
+                   and (not policy.gate or unprefilled < policy.gate)):
                 self._send(sent, self.request(max(heavy_waiting.popleft(), t)), HEAVY, t + rtt)
                 unprefilled += 1
                 if policy.pace and len(done) >= 8 and done[-1] > done[0]:
@@ -229,9 +229,9 @@ def main() -> None:
     }
     print(f"h100-8b step model, --max-num-seqs {args.max_num_seqs}, --max-num-batched-tokens "
           f"{args.max_num_batched_tokens}; prompts {args.prompt_tokens} uncached, {args.output_tokens} output; light "
-          f"{args.light_rate:g} req/s Poisson; {args.duration:g} s modeled per arm, seed {args.seed}")  # fmt: skip
+          f"{args.light_rate:g} req/s Poisson; {args.duration:g} s modeled per arm, seed {args.seed}")
     print(f"{'arm':30s} {'light n':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'p99/alone':>9s} {'tokens/s':>9s} "
-          f"{'vs no_queue':>11s}")  # fmt: skip
+          f"{'vs no_queue':>11s}")
     base = base_tps = None
     for name, (lt, hv, policy) in arms.items():
         m = Model(args, H100_8B)

@@ -149,7 +149,7 @@ class Client:
 
     def __init__(self, session: aiohttp.ClientSession, replicas: list[ScrapedReplica], *,
                  queue: AdmissionQueue | None, priority: bool, keys: dict[str, str] | None,
-                 output_tokens: int) -> None:  # fmt: skip
+                 output_tokens: int) -> None:
         self.session = session
         self.replicas = replicas
         self.queue = queue
@@ -162,7 +162,7 @@ class Client:
         body: dict[str, object] = {
             "model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": self.output_tokens, "ignore_eos": True,
-        }  # fmt: skip
+        }
         if self.priority:
             body["priority"] = PRIORITY[rec.tenant]
         start = rec.sent_at = time.perf_counter()
@@ -187,7 +187,7 @@ class Client:
         replica.in_flight += 1
         try:
             async with self.session.post(replica.url + "/v1/chat/completions", data=orjson.dumps(body),
-                                         headers=headers) as resp:  # fmt: skip
+                                         headers=headers) as resp:
                 if resp.status == 429:
                     rec.rejected = True
                     return
@@ -235,7 +235,7 @@ def route_wait_s(route: str | None) -> float | None:
 
 
 async def scrape_loop(session: aiohttp.ClientSession, replicas: list[ScrapedReplica], queue: AdmissionQueue | None,
-                      every_s: float, stop: asyncio.Event, samples: list[tuple[int, int]]) -> None:  # fmt: skip
+                      every_s: float, stop: asyncio.Event, samples: list[tuple[int, int]]) -> None:
     """What the gateway's scraper does: /metrics of each sim every interval, then the queue's state hook."""
     while not stop.is_set():
         for r in replicas:
@@ -255,7 +255,7 @@ async def scrape_loop(session: aiohttp.ClientSession, replicas: list[ScrapedRepl
 
 async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, light_rate: float,
                   heavy_rate: float, queue: AdmissionQueue | None = None, priority: bool = False,
-                  keys: dict[str, str] | None = None, gateway: str | None = None) -> ArmResult:  # fmt: skip
+                  keys: dict[str, str] | None = None, gateway: str | None = None) -> ArmResult:
     """Drive the load for one arm (rates in modeled req/s) and collect records and counters; with `gateway`
     the requests go there and `urls` (the sims behind it) only give the token counters."""
     ts = args.time_scale
@@ -273,7 +273,7 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         client = Client(session, replicas, queue=queue, priority=priority, keys=keys,
-                        output_tokens=args.output_tokens)  # fmt: skip
+                        output_tokens=args.output_tokens)
         scraper = asyncio.create_task(scrape_loop(session, replicas, queue, args.probe_interval / ts, stop, samples))
         t0 = time.perf_counter()
         trace: list[Sample] = []
@@ -315,7 +315,7 @@ async def run_arm(name: str, urls: Sequence[str], args: argparse.Namespace, *, l
         total = sum(_tokens(after[u]) - _tokens(before[u]) for u in urls)
         if total <= 0:  # a gateway: no engine counters, count what the clients got back instead
             total = sum(r.prompt_tokens + r.output_tokens for r, _ in tasks
-                        if args.warmup <= r.arrival and not r.cut_off and r.error is None)  # fmt: skip
+                        if args.warmup <= r.arrival and not r.cut_off and r.error is None)
         tokens_per_s = total / window
     gw_metrics = scrape(gateway) if gateway else {}
     engine = engine_means(before, after, ts) if before is not None else ""
@@ -343,7 +343,7 @@ def tenant_stats(arm: ArmResult, tenant: str, ts: float, warmup: float) -> dict[
         "rejected": sum(r.rejected for r in rs), "cut_off": sum(r.cut_off for r in rs),
         "errors": sum(r.error is not None for r in rs), "completed": len(done),
         "output_tokens": sum(r.output_tokens for r in done),
-    }  # fmt: skip
+    }
 
 
 def _f(v: float | int | None, digits: int = 1) -> str:
@@ -376,7 +376,7 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
     base_tps = by["no_queue"].tokens_per_s if "no_queue" in by else None
     header = (f"{'arm':18s} {'light p50 ms':>12s} {'light p99 ms':>12s} {'p99/alone':>10s} {'tokens/s':>9s} "
               f"{'vs no_queue':>11s} {'heavy p99 ms':>12s} {'heavy done':>10s} {'heavy 429':>9s} "
-              f"{'light done/n':>12s}")  # fmt: skip
+              f"{'light done/n':>12s}")
     print(header)
     print("-" * len(header))
     for a in results:
@@ -384,7 +384,7 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
         print(f"{a.name:18s} {_f(lt['ttft_p50']):>12s} {_f(lt['ttft_p99']):>12s} "
               f"{_ratio(lt['ttft_p99'], base_ttft):>10s} {_f(a.tokens_per_s, 0):>9s} "
               f"{_ratio(a.tokens_per_s, base_tps):>11s} {_f(hv['ttft_p99']):>12s} "
-              f"{hv['completed']!s:>10s} {hv['rejected']!s:>9s} {lt['completed']!s:>6s}/{lt['n']!s:<5s}")  # fmt: skip
+              f"{hv['completed']!s:>10s} {hv['rejected']!s:>9s} {lt['completed']!s:>6s}/{lt['n']!s:<5s}")
     print()
     print("targets: light p99 within 1.50x of alone; tokens/s >= 0.95x of no_queue; heavy keeps the rest")
     for a in results:
@@ -407,7 +407,7 @@ def print_table(args: argparse.Namespace, results: list[ArmResult], light_rate: 
             queued_s = {t: metric_sum(m, "gateway_queue_wait_seconds_sum", tenant=t) for t in (LIGHT, HEAVY)}
             if any(waits.values()):
                 extra += "; mean queue wait ms " + str({t: round(queued_s[t] / waits[t] * 1000 * ts, 1)
-                                                         for t in waits if waits[t]})  # fmt: skip
+                                                         for t in waits if waits[t]})
             extra += f"; queue 429s {metric_sum(m, 'gateway_rate_limited_total', limit='queue'):.0f}"
         print(
             f"{a.name}: light cut off {lt['cut_off']}, errors {lt['errors']}; heavy cut off {hv['cut_off']}, "
@@ -431,24 +431,24 @@ def dump_trace(args: argparse.Namespace, arm: ArmResult, sims: Sequence[str]) ->
             sim_traces.append(orjson.loads(resp.read()))
     clients = [{"rid": r.rid, "tenant": r.tenant, "arrival": r.arrival, "sent_at": r.sent_at, "ttft": r.ttft,
                 "gateway_wait": r.gateway_wait, "cut_off": r.cut_off, "error": r.error}
-               for r in arm.records]  # fmt: skip
+               for r in arm.records]
     out = Path(args.step_trace) / f"{arm.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"arm": arm.name, "time_scale": args.time_scale, "warmup": args.warmup,
-                                  "clients": clients, "sims": sim_traces}))  # fmt: skip
+                                  "clients": clients, "sims": sim_traces}))
     print(f"    step trace: {out}", flush=True)
 
 
 def sims_for(args: argparse.Namespace, tag: str, priority: bool, log_dir: Path) -> list[Proc]:
     """Fresh sims for one arm."""
     sim_args = ["--profile", "h100-8b", "--max-num-seqs", str(args.max_num_seqs), "--seed", "1",
-                "--no-enable-prompt-tokens-details"]  # fmt: skip
+                "--no-enable-prompt-tokens-details"]
     if args.step_trace:
         sim_args.append("--step-trace")
     if priority:
         sim_args += ["--scheduling-policy", "priority"]
     return [sim_proc(f"{tag}{i}", sim_args, time_scale=args.time_scale, log_dir=log_dir)
-            for i in range(args.replicas)]  # fmt: skip
+            for i in range(args.replicas)]
 
 
 def queue_config(args: argparse.Namespace, arm: str) -> AdmissionConfig:
@@ -461,7 +461,7 @@ def queue_config(args: argparse.Namespace, arm: str) -> AdmissionConfig:
                            pace_over_share=0.0 if arm.endswith("unpaced") else args.pace,
                            over_share_prefills_per_replica=0 if arm.endswith("unpaced") else args.prefill_gate,
                            deadline_s={"interactive": 2.0 / ts, "bulk": args.bulk_deadline / ts},
-                           max_queue_len=args.max_queue_len)  # fmt: skip
+                           max_queue_len=args.max_queue_len)
 
 
 def saturating_rates(args: argparse.Namespace) -> tuple[float, float]:
@@ -494,7 +494,7 @@ async def direct(args: argparse.Namespace) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] arm {name} ...", flush=True)
             t = time.perf_counter()
             res = await run_arm(name, [s.url for s in sims], args, light_rate=lr, heavy_rate=hr, queue=queue,
-                                priority=priority)  # fmt: skip
+                                priority=priority)
             print(f"    {time.perf_counter() - t:.0f} s real", flush=True)
             results.append(res)
             if args.step_trace:
@@ -513,7 +513,7 @@ def arm_gateway_config(args: argparse.Namespace, name: str, urls: Sequence[str])
     ts = args.time_scale
     priority = "priority" in name or (name == "default" and args.sim_priority)
     pool: dict[str, object] = {"role": "bulk", "replicas": list(urls), "policy": "least_load",
-                               "max_num_seqs": args.max_num_seqs, "priority_scheduling": priority}  # fmt: skip
+                               "max_num_seqs": args.max_num_seqs, "priority_scheduling": priority}
     if "fair_queue" in name:
         pool["admission"] = queue_config(args, name).model_dump()
     elif name == "default":  # the same pool without an admission key: the queue is on by default (two tenants)
@@ -523,11 +523,11 @@ def arm_gateway_config(args: argparse.Namespace, name: str, urls: Sequence[str])
     # Only the priority-alone arm tells vLLM who is light (the operator must know in advance).
     light_class = "interactive" if name == "priority" else "bulk"
     tenants = [{"id": LIGHT, "api_keys": [GATEWAY_KEYS[LIGHT]], "default_class": light_class},
-               {"id": HEAVY, "api_keys": [GATEWAY_KEYS[HEAVY]], "default_class": "bulk"}]  # fmt: skip
+               {"id": HEAVY, "api_keys": [GATEWAY_KEYS[HEAVY]], "default_class": "bulk"}]
     routing = {"probe_interval_s": args.probe_interval / ts, "healthy_after": 1, "unhealthy_after": 3,
-               "allow_spill": False}  # fmt: skip
+               "allow_spill": False}
     cfg = gateway_config({"bulk": pool}, tenants=tenants, routing=routing,
-                         upstream={"read_timeout_s": 600, "retries": 0})  # fmt: skip
+                         upstream={"read_timeout_s": 600, "retries": 0})
     # All load comes from one loopback client: the per-client connection cap (256) would refuse it.
     cfg["listen"] = {"max_connections_per_client": 8192}
     return cfg
@@ -550,7 +550,7 @@ async def via_gateway(args: argparse.Namespace) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] arm {name} (via gateway) ...", flush=True)
             t = time.perf_counter()
             res = await run_arm(name, [s.url for s in sims], args, light_rate=lr, heavy_rate=hr,
-                                keys=GATEWAY_KEYS, gateway=gw.url)  # fmt: skip
+                                keys=GATEWAY_KEYS, gateway=gw.url)
             print(f"    {time.perf_counter() - t:.0f} s real", flush=True)
             results.append(res)
             if args.step_trace:

@@ -77,7 +77,7 @@ def joined(data: dict[str, Any]) -> list[dict[str, Any]]:
             "prefills": prefills, "prefill_tokens": ptoks, "decodes": decodes, "step_modeled": modeled_s * 1000,
             "step_wall": (ended_at - sched_at) * ms,
             "enqueued": r["enqueued"], "prompt": r["prompt"],
-        })  # fmt: skip
+        })
     return out
 
 
@@ -149,7 +149,7 @@ def report(path: Path, max_num_seqs: int, budget: int) -> None:
         print(f"    gateway queue wait {_pct([r['gateway_wait'] for r in rs])}")
         sharing = Counter(r["prefills"] for r in rs)
         print(f"    prefills in its prefill step: {dict(sorted(sharing.items()))}; whole steps waited in the engine: "
-              f"{dict(sorted(Counter(r['steps_waited'] for r in rs).items()))}")  # fmt: skip
+              f"{dict(sorted(Counter(r['steps_waited'] for r in rs).items()))}")
     steps = [s for sim in data["sims"] for s in sim["steps"]]
     late = [(s[4] - s[1]) - s[3] / ts for s in steps]  # scheduled -> ended (monotonic) vs the model
     print(f"  steps: {len(steps)}; wall - modeled per step (modeled ms) mean {1000 * ts * sum(late) / len(late):.2f}, "
@@ -168,7 +168,7 @@ def report(path: Path, max_num_seqs: int, budget: int) -> None:
         s = r["seg"]
         print(f"    {r['arrival']:6.2f}s {r['ttft']:6.1f} = {s['before']:5.1f}+{s['api']:4.1f}+{s['queue']:5.1f}+"
               f"{s['prefill']:5.1f}+{s['after']:5.1f} | {r['prefills']}/{r['prefill_tokens']}, {r['steps_waited']}, "
-              f"{model[r['rid']]:.1f}")  # fmt: skip
+              f"{model[r['rid']]:.1f}")
 
 
 def main() -> None:

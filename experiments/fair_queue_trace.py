@@ -36,7 +36,7 @@ class Sample:
 
 
 async def trace_loop(session: aiohttp.ClientSession, sims: Sequence[str], gateway: str | None, t0: float,
-                     every_s: float, ts: float, stop: asyncio.Event, out: list[Sample]) -> None:  # fmt: skip
+                     every_s: float, ts: float, stop: asyncio.Event, out: list[Sample]) -> None:
     """Sample the sims' running/waiting and the gateway's queue gauges every `every_s` real seconds."""
     while not stop.is_set():
         running = waiting = 0
@@ -46,7 +46,7 @@ async def trace_loop(session: aiohttp.ClientSession, sims: Sequence[str], gatewa
             waiting += int(metric_sum(m, "vllm:num_requests_waiting"))
         g = await _metrics(session, gateway) if gateway else {}
         out.append(Sample((time.perf_counter() - t0) * ts, running, waiting, _gauge(g, "gateway_queue_limit"),
-                          _gauge(g, "gateway_queue_in_flight"), _gauge(g, "gateway_queue_length")))  # fmt: skip
+                          _gauge(g, "gateway_queue_in_flight"), _gauge(g, "gateway_queue_length")))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
 
@@ -68,7 +68,7 @@ def engine_means(before: dict[str, dict[str, float]], after: dict[str, dict[str,
     """Mean engine queue and prefill time (modeled ms) over the window, all requests of all sims."""
     parts = []
     for label, name in (("engine queue", "vllm:request_queue_time_seconds"),
-                        ("engine prefill", "vllm:request_prefill_time_seconds")):  # fmt: skip
+                        ("engine prefill", "vllm:request_prefill_time_seconds")):
         s = sum(metric_sum(after[u], f"{name}_sum") - metric_sum(before[u], f"{name}_sum") for u in after)
         n = sum(metric_sum(after[u], f"{name}_count") - metric_sum(before[u], f"{name}_count") for u in after)
         parts.append(f"{label} mean {s / n * 1000 * ts:.1f} ms" if n else f"{label} -")
@@ -83,7 +83,7 @@ def engine_means(before: dict[str, dict[str, float]], after: dict[str, dict[str,
 def breakdown(records: Sequence[Any], tenant: str, ts: float, warmup: float) -> str:
     """Gateway wait vs the rest of the TTFT for one tenant's measured requests (modeled ms: mean/p50/p99)."""
     rs = [r for r in records if r.tenant == tenant and r.arrival >= warmup and r.ttft is not None
-          and r.gateway_wait is not None and not r.rejected and r.error is None]  # fmt: skip
+          and r.gateway_wait is not None and not r.rejected and r.error is None]
     if not rs:
         return f"{tenant}: no gateway waits recorded"
     gw = [r.gateway_wait * ts * 1000 for r in rs]
@@ -95,7 +95,7 @@ def breakdown(records: Sequence[Any], tenant: str, ts: float, warmup: float) -> 
 
     slow = sorted(rs, key=lambda r: r.ttft, reverse=True)[: max(1, len(rs) // 20)]
     worst = ", ".join(f"{r.arrival:.1f}s:{r.gateway_wait * ts * 1000:.0f}+{(r.ttft - r.gateway_wait) * ts * 1000:.0f}"
-                      for r in slow)  # fmt: skip
+                      for r in slow)
     return (
         f"{tenant}: gateway wait mean/p50/p99 {stats(gw)} ms ({queued}/{len(rs)} queued); after the gateway "
         f"(engine queue + prefill) {stats(engine)} ms; slowest 5% at arrival: wait+engine ms {worst}"
@@ -112,4 +112,4 @@ def timeline(samples: Sequence[Sample], warmup: float) -> str:
         return "-" if v is None else f"{v:.0f}"
 
     return " ".join(f"{s.at:.1f}:{s.running}/{s.waiting}|{f(s.limit)}/{f(s.in_flight)}/{f(s.queue_len)}"
-                    for s in rows)  # fmt: skip
+                    for s in rows)

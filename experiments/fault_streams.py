@@ -49,18 +49,18 @@ class StreamOutcome:
         seq_ok = self.seq == list(range(len(self.seq)))
         return (self.done and self.error is None and len(self.ids) == 1 and self.openings == openings
                 and self.finishes == [LENGTH[api]] and self.completion_tokens == max_tokens and text_ok
-                and seq_ok)  # fmt: skip
+                and seq_ok)
 
 
 def request_body(api: str, model: str, i: int, max_tokens: int, greedy: bool = False) -> dict[str, Any]:
     """A long free-form story request, different per stream (`greedy`: temperature 0, for vLLM's text check)."""
     prompt = (f"Stream number {i:03d}: write a long story about replica failover, retries and circuit breakers. "
-              f"Seed {i * 7919}.")  # fmt: skip
+              f"Seed {i * 7919}.")
     if api == "responses":
         return {"model": model, "stream": True, "max_output_tokens": max_tokens, "ignore_eos": True, "seed": i,
-                "input": prompt}  # fmt: skip
+                "input": prompt}
     body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-                            "seed": i, "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+                            "seed": i, "messages": [{"role": "user", "content": prompt}]}
     if api == "chat":
         body["stream_options"] = {"include_usage": True}
     if greedy:
@@ -105,7 +105,7 @@ def _responses(name: str, doc: dict[str, Any], out: StreamOutcome) -> bool:
         out.finishes.append(response["status"])
         out.completion_tokens = (response.get("usage") or {}).get("output_tokens")
         out.final_text = "".join(c.get("text", "") for item in response.get("output") or ()
-                                 for c in item.get("content") or ())  # fmt: skip
+                                 for c in item.get("content") or ())
     return False
 
 

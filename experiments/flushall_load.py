@@ -43,7 +43,7 @@ async def load(urls: list[str], seconds: float, every: float, redis_url: str) ->
             while time.monotonic() < stop:
                 try:
                     r = await c.post("/v1/chat/completions", json=body,
-                                     headers={"authorization": f"Bearer {KEYS[tenant]}"})  # fmt: skip
+                                     headers={"authorization": f"Bearer {KEYS[tenant]}"})
                     out[tenant][str(r.status_code)] += 1
                 except httpx.HTTPError as err:
                     out[tenant][type(err).__name__] += 1
@@ -76,7 +76,7 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-flushall-"))
     port = free_port()
     server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no", "--dir", str(log_dir)], stdout=subprocess.DEVNULL)  # fmt: skip
+                               "--appendonly", "no", "--dir", str(log_dir)], stdout=subprocess.DEVNULL)
     redis_url = f"redis://127.0.0.1:{port}/0"
     sim = sim_proc("sim", [], time_scale=50, log_dir=log_dir)
     tenants = [{"id": t, "api_keys": [k]} for t, k in KEYS.items()]
@@ -104,7 +104,7 @@ def main() -> None:
         server.terminate()
         server.wait(10)
     print(f"\n## {args.label}: {CLIENTS} clients over 2 gateways for {args.seconds:g} s, FLUSHALL every "
-          f"{args.every:g} s\n")  # fmt: skip
+          f"{args.every:g} s\n")
     print("| tenant | requests | 200 | 401 | other |\n|---|---|---|---|---|")
     for tenant, counts in results.items():
         other = {k: v for k, v in counts.items() if k not in ("200", "401")}

@@ -79,7 +79,7 @@ def header_flood(gw: Proc, flood_bytes: int) -> dict[str, object]:
     sampler.start()
     results: list[tuple[int, bytes]] = []
     threads = [threading.Thread(target=lambda: results.append(flood_one(port, flood_bytes)), daemon=True)
-               for _ in range(FLOOD_CONNECTIONS)]  # fmt: skip
+               for _ in range(FLOOD_CONNECTIONS)]
     t0 = time.monotonic()
     for t in threads:
         t.start()
@@ -90,7 +90,7 @@ def header_flood(gw: Proc, flood_bytes: int) -> dict[str, object]:
     done.set()
     sampler.join()
     statuses = collections.Counter(r[1].split(b" ", 2)[1].decode() if r[1].startswith(b"HTTP/") else "closed"
-                                   for r in results)  # fmt: skip
+                                   for r in results)
     return {"rss_before_mb": before, "rss_peak_mb": peak, "rss_after_mb": rss_mb(gw.pid),
             "taken_mib": sum(r[0] for r in results) / 2**20, "statuses": dict(statuses), "seconds": elapsed}
 
@@ -126,14 +126,14 @@ async def probes(url: str) -> list[tuple[str, str]]:
                 codes.append(str(r.status_code))
             out.append((f"nesting {'/'.join(map(str, DEPTHS))} on {path}", " ".join(codes)))
         made = await c.post("/v1/responses", headers=auth, json={"model": MODEL, "input": "Remember 7.",
-                                                                 "max_output_tokens": 4})  # fmt: skip
+                                                                 "max_output_tokens": 4})
         rid = made.json().get("id", "none")
         other = {"authorization": f"Bearer {BETA}"}
         own = await c.get(f"/v1/responses/{rid}", headers=auth)
         get = await c.get(f"/v1/responses/{rid}", headers=other)
         cancel = await c.post(f"/v1/responses/{rid}/cancel", headers=other)
         out.append(("stored response: owner GET / other tenant GET / cancel",
-                    f"{own.status_code} / {get.status_code} / {cancel.status_code}"))  # fmt: skip
+                    f"{own.status_code} / {get.status_code} / {cancel.status_code}"))
     return out
 
 
@@ -163,7 +163,7 @@ def main() -> None:
     print(f"header flood: {FLOOD_CONNECTIONS} connections x {args.flood_mib} MiB of one header, "
           f"{flood['seconds']:.1f} s: RSS {flood['rss_before_mb']:.0f} -> peak {flood['rss_peak_mb']:.0f} -> "
           f"{flood['rss_after_mb']:.0f} MiB (growth at peak {flood['rss_peak_mb'] - flood['rss_before_mb']:+.0f} MiB;"  # type: ignore[operator]
-          f" clients wrote {flood['taken_mib']:.0f} MiB); answers {flood['statuses']}")  # fmt: skip
+          f" clients wrote {flood['taken_mib']:.0f} MiB); answers {flood['statuses']}")
     print("\n| input | status |\n|---|---|")
     for name, status in rows:
         print(f"| {name} | {status} |")

@@ -117,7 +117,7 @@ async def run_arm(name: str, gateways: list[Proc], sims: dict[str, Proc], args: 
     await sampler
     arm.counters.after = {u: scrape(u) for u in urls.values()}
     arm.reports = sum(metric_sum(scrape(g.url), "gateway_replica_load_reports_total", outcome="applied")
-                      for g in gateways)  # fmt: skip
+                      for g in gateways)
     return arm
 
 
@@ -147,11 +147,11 @@ def table(arms: list[Arm], sims: dict[str, Proc], scale: float) -> str:
     lines.append(row("served by fast / bulk", [f"{served(a, 'fast')} / {served(a, 'bulk')}" for a in arms]))
     lines.append(row("in-band reports applied", [f"{a.reports:.0f}" for a in arms]))
     lines.append(row("fast: mean queue ms per replica", [
-        "/".join(f"{_queue_ms(a, sims[n].url, scale):.0f}" for n in fast) for a in arms]))  # fmt: skip
+        "/".join(f"{_queue_ms(a, sims[n].url, scale):.0f}" for n in fast) for a in arms]))
     lines.append(row("bulk: mean queue ms per replica", [
-        "/".join(f"{_queue_ms(a, sims[n].url, scale):.0f}" for n in bulk) for a in arms]))  # fmt: skip
+        "/".join(f"{_queue_ms(a, sims[n].url, scale):.0f}" for n in bulk) for a in arms]))
     lines.append(row("fast: peak waiting per replica", [
-        "/".join(str(a.peak_waiting.get(n, 0)) for n in fast) for a in arms]))  # fmt: skip
+        "/".join(str(a.peak_waiting.get(n, 0)) for n in fast) for a in arms]))
     lines.append(row("fast: mean waiting (sampled)", [f"{mean_wait(a, fast):.2f}" for a in arms]))
     for p in (50, 99):
         vals = [percentile(a.latencies_ms, p) for a in arms]
@@ -159,7 +159,7 @@ def table(arms: list[Arm], sims: dict[str, Proc], scale: float) -> str:
         b = vals[0]
         lines.append(row("  / scrape only", [f"{v / b:.2f}x" if v and b else "-" for v in vals]))
     late = [sum(a.counters.delta(s.url, "kvgate_sim_step_lateness_seconds") for s in sims.values())
-            / max(a.wall_s * scale * len(sims), 1e-9) for a in arms]  # fmt: skip
+            / max(a.wall_s * scale * len(sims), 1e-9) for a in arms]
     lines.append(row("sim lateness", [f"{v:.1%}" for v in late]))
     return "\n".join(lines)
 
@@ -170,9 +170,9 @@ async def main(args: argparse.Namespace) -> str:
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-inband-"))
     common = ["--profile", "h100-8b", "--seed", "1"]
     sims = {f"fast{i}": sim_proc(f"fast{i}", [*common, "--max-num-seqs", "8"], time_scale=scale, log_dir=log_dir)
-            for i in range(2)}  # fmt: skip
+            for i in range(2)}
     sims |= {f"bulk{i}": sim_proc(f"bulk{i}", [*common, "--max-num-seqs", "32"], time_scale=scale, log_dir=log_dir)
-             for i in range(2)}  # fmt: skip
+             for i in range(2)}
     arms: list[Arm] = []
     try:
         for s in sims.values():
@@ -185,12 +185,12 @@ async def main(args: argparse.Namespace) -> str:
                          "max_num_seqs": 8, "load_report": report},
                 "bulk": {"role": "bulk", "replicas": [sims["bulk0"].url, sims["bulk1"].url],
                          "max_num_seqs": 32, "load_report": report},
-            }  # fmt: skip
+            }
             if args.no_capacity:  # the gateway then knows a replica's slots only from what it sees queue
                 for p in pools.values():
                     del p["max_num_seqs"]
             cfg = gateway_config(pools, routing={"probe_interval_s": args.probe_s / scale},
-                                 upstream={"read_timeout_s": 600})  # fmt: skip
+                                 upstream={"read_timeout_s": 600})
             gws = [gateway_proc(f"gw{i}-{enabled}", cfg, log_dir=log_dir) for i in range(args.gateways)]
             try:
                 for g in gws:
@@ -210,13 +210,13 @@ async def main(args: argparse.Namespace) -> str:
     head = (f"{args.gateways} gateways, a wave every {args.every_s}s of {args.wave_on} (first half of each "
             f"{args.period_s}s) or {args.wave_off} requests per gateway, for {args.duration_s}s, "
             f"max_tokens {args.max_tokens}, scrape every {args.probe_s}s, time scale {scale}"
-            f"{', pools without max_num_seqs' if args.no_capacity else ''}")  # fmt: skip
+            f"{', pools without max_num_seqs' if args.no_capacity else ''}")
     RESULTS.parent.mkdir(exist_ok=True)
     with RESULTS.open("a") as f:
         for a in arms:
             f.write(json.dumps({"arm": a.name, "args": vars(args), "ok": len(a.latencies_ms), "failed": a.failed,
                                 "pools": a.pools, "latencies_ms": a.latencies_ms, "peak_waiting": a.peak_waiting,
-                                "reports": a.reports, "when": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")  # fmt: skip
+                                "reports": a.reports, "when": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
     return head + "\n" + out
 
 

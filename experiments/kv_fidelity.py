@@ -36,7 +36,7 @@ def _server(pool: str, http: str, pub: str, replay: str) -> tuple[str, str, str]
     env = os.environ.get
     return (f"http://127.0.0.1:{env(f'KVGATE_{pool}_PORT', http)}",
             f"tcp://127.0.0.1:{env(f'KVGATE_{pool}_KV_PORT', pub)}",
-            f"tcp://127.0.0.1:{env(f'KVGATE_{pool}_KV_REPLAY_PORT', replay)}")  # fmt: skip
+            f"tcp://127.0.0.1:{env(f'KVGATE_{pool}_KV_REPLAY_PORT', replay)}")
 
 
 SERVERS = {"fast": _server("FAST", "8001", "5557", "5558"), "bulk": _server("BULK", "8002", "5567", "5568")}
@@ -73,7 +73,7 @@ def main() -> int:
                "replicas": [{"url": url, "kv_events": pub, "kv_replay": replay, "kv_topic": "kv"}],
                "tokenizer": str(FOLDER), "policy": "kv_events"}
         for name, (url, pub, replay) in SERVERS.items()
-    }  # fmt: skip
+    }
     tenants = [
         {"id": "fid-on", "api_keys": ["sk-fid-on"], "normalize": "on", "default_class": "bulk"},
         {"id": "fid-off", "api_keys": ["sk-fid-off"], "normalize": "off", "default_class": "bulk"},
@@ -90,7 +90,7 @@ def main() -> int:
             for _, messages in trace(args.seed, args.sessions, args.turns):
                 r = httpx.post(gw.url + "/v1/chat/completions", timeout=300, headers={
                     "authorization": f"Bearer sk-fid-{arm}"},
-                    json={"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0})  # fmt: skip
+                    json={"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0})
                 r.raise_for_status()
                 route = dict(p.split("=", 1) for p in r.headers["x-kvgate-route"].split(";") if "=" in p)
                 actual = (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0

@@ -172,7 +172,7 @@ async def main_async(args: argparse.Namespace) -> None:
     kv = KvEvents(KvEventsParams(block_size=args.block_size), hub, pa)
     head = bodies[0]["messages"][0]["content"][:1024]
     names = ["prefix_affinity", "kv render", "kv tokens+hashes", "kv blocks", "kv select", "kv_events total",
-             "kv blocks, no learning", "learn (off path)"]  # fmt: skip
+             "kv blocks, no learning", "learn (off path)"]
     results: dict[str, list[float]] = {n: [] for n in names}
     box: list[Any] = [None]
     hits0 = rb.prefix_hits
@@ -221,7 +221,7 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"{len(bodies)} requests, prompt median {n_tokens:.0f} tokens, block size {args.block_size}; "
           f"last pick: {last.reason} on {last.chosen.url} cached={last.cached_tokens}; hub fallbacks {hub.fallbacks}")
     print(f"prefix cache hits {hits} of {3 * len(pairs)} texts hashed (previous turn, learned reply, turn); "
-          f"replies learned {learner.learned}; piece cache off: {rb.piece_cache_disabled}")  # fmt: skip
+          f"replies learned {learner.learned}; piece cache off: {rb.piece_cache_disabled}")
     print(f"{'variant':<24} {'median µs':>10} {'p90 µs':>10} {'x prefix_affinity':>18}")
     for name, xs in results.items():
         xs = sorted(xs)

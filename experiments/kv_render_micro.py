@@ -48,7 +48,7 @@ def main() -> None:
 
     def old(b: dict[str, Any]) -> str:
         return str(baseline.render(messages=copied(b["messages"]), tools=b.get("tools"), add_generation_prompt=True,
-                                   continue_final_message=False, **special))  # fmt: skip
+                                   continue_final_message=False, **special))
 
     assert all(old(b) == rb.render(b) for b in bodies), "renders differ"
     times: dict[str, list[float]] = {"transformers' sandbox, messages copied": [], "RequestBlocks.render": []}

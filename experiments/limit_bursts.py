@@ -62,7 +62,7 @@ async def burst(clients: list[httpx.AsyncClient], key: str) -> tuple[collections
     """100 streamed requests at once; each admitted one holds its slot (its stream open) until every one of the
     100 has its status, so none settles while the burst is admitted, however slowly the machine sends it."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": CONTENT}], "max_tokens": MAX_TOKENS,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+            "ignore_eos": True, "stream": True}
     answered = 0
     everyone = asyncio.Event()
     admitted_at: list[float] = []
@@ -145,9 +145,9 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-bursts-"))
     sim = sim_proc("sim", ["--max-num-seqs", "256"], time_scale=args.time_scale, log_dir=log_dir)
     cfg = gateway_config({"main": {"role": "interactive", "replicas": [sim.url]}},
-                         tenants=tenants(args.runs, args.bursts))  # fmt: skip
+                         tenants=tenants(args.runs, args.bursts))
     cfg["store"] = {"url": args.redis_url, "key_prefix": prefix, "socket_timeout_s": args.store_timeout,
-                    "fail_mode": args.fail_mode}  # fmt: skip
+                    "fail_mode": args.fail_mode}
     cfg["listen"] = {"host": "127.0.0.1"}
     cfg["routing"] = {"probe_interval_s": 0.5}
     gateways: list[Proc] = [gateway_proc(f"gw{i}", cfg, port=free_port(), log_dir=log_dir) for i in range(2)]
@@ -170,9 +170,9 @@ def main() -> None:
         client.close()
 
     print(f"\n## {args.label}: {BURST} concurrent requests per burst over 2 gateway processes, "
-          f"store.socket_timeout_s {args.store_timeout:g}, fail_mode {args.fail_mode}\n")  # fmt: skip
+          f"store.socket_timeout_s {args.store_timeout:g}, fail_mode {args.fail_mode}\n")
     print("| limit | fit | bursts | passed = fit | fit <= passed <= fit + refill | passed (min-max) | admitted over "
-          "(max) | unenforced | other statuses |")  # fmt: skip
+          "(max) | unenforced | other statuses |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind, (_, fit) in LIMITS.items():
         bursts = results[kind]
@@ -185,7 +185,7 @@ def main() -> None:
             other.update({k: v for k, v in c.items() if k not in ("passed", "unenforced")})
         print(f"| {kind} {LIMITS[kind][0][kind]} | {fit} | {len(bursts)} | {strict}/{len(bursts)} | "
               f"{gcra}/{len(bursts)} | {min(passed)}-{max(passed)} | {max(s for _, s in bursts):.2f} s | "
-              f"{unenforced} | {dict(other)} |")  # fmt: skip
+              f"{unenforced} | {dict(other)} |")
     print(f"\ntotal {time.monotonic() - t0:.0f} s; logs in {log_dir}")
 
 

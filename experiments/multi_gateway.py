@@ -148,7 +148,7 @@ def start(workdir: Path, args: argparse.Namespace) -> Stack:
     if not args.redis_url:
         port = free_port()
         _spawn(stack, "redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(workdir)])  # fmt: skip
+                                "--appendonly", "no", "--dir", str(workdir)])
         stack.redis_url = f"redis://127.0.0.1:{port}/0"
         deadline = time.monotonic() + 10
         while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
@@ -216,7 +216,7 @@ class Clients:
             self.by_name[name] = openai.AsyncOpenAI(
                 base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60,
                 http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=60),
-            )  # fmt: skip
+            )
 
     async def close(self) -> None:
         for c in self.by_name.values():
@@ -245,7 +245,7 @@ async def affinity(stack: Stack, n: int, concurrency: int, rng: random.Random, k
                 raw = await clients.by_name[gw].chat.completions.with_raw_response.create(
                     model="m", messages=_messages(prefix, i), max_tokens=rng.randint(8, 32),  # type: ignore[arg-type]
                     extra_headers={"x-request-id": rid},
-                )  # fmt: skip
+                )
             except (openai.APIConnectionError, openai.APIStatusError) as err:
                 status = getattr(err, "status_code", 0) or 0
                 out.append(Outcome(rid, prefix, gw, status))
@@ -254,7 +254,7 @@ async def affinity(stack: Stack, n: int, concurrency: int, rng: random.Random, k
             out.append(Outcome(
                 rid, prefix, gw, 200, route.get("pick", ""), Decimal(raw.headers["x-kvgate-cost-usd"]),
                 int(route.get("snapshot", -2)), int(route.get("decided", 0)), int(route.get("attempt", 1)),
-            ))  # fmt: skip
+            ))
 
     await asyncio.gather(*(one(i, p, g) for i, (p, g) in enumerate(plan)))
     await clients.close()
@@ -297,7 +297,7 @@ def kvgate_bench(stack: Stack, key: str, name: str, extra: list[str]) -> BenchPh
     out = stack.workdir / f"bench-{name}.json"
     urls = [a for n in live for a in ("--base-url", stack.gateways[n])]
     subprocess.run([KVGATE, "bench", *urls, "--api-key", key, "--model", "m", "--quiet", "--json", str(out),
-                    *extra], capture_output=True, timeout=300, cwd=ROOT)  # fmt: skip
+                    *extra], capture_output=True, timeout=300, cwd=ROOT)
     records = json.loads(out.read_text())["records"]
     return BenchPhase(records, collections.Counter(live[r["session"] % len(live)] for r in records))
 
@@ -547,7 +547,7 @@ def metrics_audit(stack: Stack, sent: dict[str, int]) -> list[tuple[str, str, st
                         per_worker[s.labels.get("worker", "-")] += int(s.value)
         split = " + ".join(f"{per_worker[w]}" for w in sorted(per_worker)) if len(per_worker) > 1 else ""
         rows.append((name, "yes" if coherent else "NO", ",".join(sorted(workers)),
-                     f"{total:.0f} / {sent[name]}" + (f" (by worker: {split})" if split else "")))  # fmt: skip
+                     f"{total:.0f} / {sent[name]}" + (f" (by worker: {split})" if split else "")))
     return rows
 
 
@@ -581,7 +581,7 @@ def dump(
                 row = {"phase": phase_name, "gateway": o.gateway, "prefix": o.prefix, "status": o.status,
                        "pick": o.pick, "snapshot": o.snapshot, "decided_us": o.decided_us, "attempt": o.attempt,
                        "replica": sp.replica if sp else None, "arrived": sp.start if sp else None,
-                       "ideal": ideal.get(o.rid)}  # fmt: skip
+                       "ideal": ideal.get(o.rid)}
                 f.write(json.dumps(row) + "\n")
 
 
@@ -592,7 +592,7 @@ async def run(args: argparse.Namespace) -> None:
     stack = start(workdir, args)
     try:
         print(f"stack up in {time.monotonic() - t0:.1f} s: sims {len(stack.sims)}, gateways "
-              + ", ".join(f"{n} {u}" for n, u in stack.gateways.items()))  # fmt: skip
+              + ", ".join(f"{n} {u}" for n, u in stack.gateways.items()))
         light = await asyncio.wait_for(affinity(stack, args.light, 3, rng, None), TIME_LIMIT_S)
         kill_at = args.loaded // 2 if args.kill else None
         loaded = await asyncio.wait_for(affinity(stack, args.loaded, args.concurrency, rng, kill_at), TIME_LIMIT_S)
@@ -606,10 +606,10 @@ async def run(args: argparse.Namespace) -> None:
                                                             "0", "--concurrency", "12", "--max-tokens", "16"])
         limit_phase = kvgate_bench(stack, BENCH_LIMITED, "limit", ["--workload", "chat", "--requests", str(3 * RPM),
                                                                   "--concurrency", str(3 * RPM), "--max-tokens", "2",
-                                                                  "--no-stream", "--warmup", "0"])  # fmt: skip
+                                                                  "--no-stream", "--warmup", "0"])
         bench_billed, bench_stored = await bench_spend(stack, spend_phase, "bencher")
         sent = (collections.Counter(o.gateway for o in light + loaded) + burst_sent + spend_phase.sent
-                + limit_phase.sent)  # fmt: skip
+                + limit_phase.sent)
         audit = metrics_audit(stack, {n: sent.get(n, 0) for n in stack.gateways})
     finally:
         stop(stack)
@@ -643,9 +643,9 @@ async def run(args: argparse.Namespace) -> None:
     print(f"\nreplayed homes = observed prefix_home replicas: {home_check(light + loaded, owner, stack.sims)}")
     if any(o.decided_us > 0 for o in light + loaded):
         print("\nBy decision round (the round in which the gateway picked, its own stamp; the table above groups by "
-              "the round in which the request reached its sim):\n")  # fmt: skip
+              "the round in which the request reached its sim):\n")
         print("| phase | **same replica as every other gateway, same decision round** | snapshot used: decision "
-              "round minus snapshot round (share of picks) |")  # fmt: skip
+              "round minus snapshot round (share of picks) |")
         print("|---|---|---|")
         for label, phase in (("light", light), ("loaded", loaded)):
             same, pairs = same_round_agreement(phase, owner, round_s, by="decision")
@@ -662,9 +662,9 @@ async def run(args: argparse.Namespace) -> None:
             if delays:
                 print(f"{label}: pick to arrival at the sim {1000 * delays[len(delays) // 2]:.1f} ms (median), "
                       f"{1000 * delays[9 * len(delays) // 10]:.1f} ms (p90); reached the sim in a later round than "
-                      f"decided: {100 * crossed / len(delays):.1f} % of requests")  # fmt: skip
+                      f"decided: {100 * crossed / len(delays):.1f} % of requests")
         print("\nWhy requests disagreed (requests, by the first cause that explains each; rounds by arrival at the "
-              "sim / by decision):\n")  # fmt: skip
+              "sim / by decision):\n")
         print("| cause | light, by arrival | light, by decision | loaded, by arrival | loaded, by decision |")
         print("|---|---|---|---|---|")
         groupings = [(ph, by) for ph in (light, loaded) for by in ("arrival", "decision")]
@@ -681,7 +681,7 @@ async def run(args: argparse.Namespace) -> None:
         took = sorted(owner[o.rid].end - owner[o.rid].start for o in phase if o.rid in owner)
         if took:
             print(f"{label}: a request held its sim for {1000 * took[len(took) // 2]:.0f} ms (median), "
-                  f"{1000 * took[9 * len(took) // 10]:.0f} ms (p90)")  # fmt: skip
+                  f"{1000 * took[9 * len(took) // 10]:.0f} ms (p90)")
     print("\nWhere a request left the replica the cluster state dictated (share of the phase's requests):\n")
     print("| phase | sent home, state said spill | spilled, state said home | spilled elsewhere than the state |")
     print("|---|---|---|---|")
@@ -713,7 +713,7 @@ async def run(args: argparse.Namespace) -> None:
     bench_ok = sum(1 for r in spend_phase.records if r["status"] == 200)
     print(f"agent sessions, {bench_ok} of {len(spend_phase.records)} answered over {dict(spend_phase.sent)}: "
           f"billed (sum of x-kvgate-cost-usd the bench recorded) {bench_billed:.6f} USD; in Redis "
-          f"{bench_stored:.6f} USD; difference {bench_stored - bench_billed:+.6f} USD")  # fmt: skip
+          f"{bench_stored:.6f} USD; difference {bench_stored - bench_billed:+.6f} USD")
     print("\n## /metrics per process (4 scrapes each, new connection each)\n")
     print("| gateway | each family once | worker labels | gateway_requests_total / requests sent |")
     print("|---|---|---|---|")

@@ -77,7 +77,7 @@ def worker(passes: int) -> None:
         view = surface.view(body)
         kwargs: dict[str, Any] = {"headers": headers} if takes_headers else {}
         out, report = normalize(body, surface=surface, view=view, tenant=tenant, model=model, memory=memory,
-                                opt_out=False, now=NOW, **kwargs)  # fmt: skip
+                                opt_out=False, now=NOW, **kwargs)
         if report.applied:
             surface.view(out)
         orjson.dumps(surface.upstream_body(out, served_model="m", priority=None, cache_salt="kvg1-x"))
@@ -123,7 +123,7 @@ def baseline_tree(ref: str) -> Path:
 def run_worker(tree: Path, passes: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     code = f"import sys; sys.path.insert(0, {str(tree)!r}); sys.path.insert(1, {str(ROOT / 'experiments')!r}); " \
-           f"import normalize_agents_micro as m; m.worker({passes})"  # fmt: skip
+           f"import normalize_agents_micro as m; m.worker({passes})"
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=env, cwd=tree)
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -148,7 +148,7 @@ def main() -> None:
                 sides[side].setdefault(group, []).extend(values)
     print(f"baseline {args.baseline} vs this checkout; {args.runs} runs x {args.passes} passes; µs per request\n")
     print("| client, request kind | body KB (median) | baseline p50 | current p50 | ratio p50 | baseline p90 | "
-          "current p90 | ratio p90 |")  # fmt: skip
+          "current p90 | ratio p90 |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for group in sorted(sides["current"]):
         b, c = sides["baseline"].get(group, []), sides["current"][group]
@@ -157,7 +157,7 @@ def main() -> None:
         bp50, cp50 = statistics.median(b), statistics.median(c)
         bp90, cp90 = statistics.quantiles(b, n=10)[-1], statistics.quantiles(c, n=10)[-1]
         print(f"| {group} | {sizes[group] / 1024:.0f} | {bp50:,.0f} | {cp50:,.0f} | {cp50 / bp50:.2f}x | "
-              f"{bp90:,.0f} | {cp90:,.0f} | {cp90 / bp90:.2f}x |")  # fmt: skip
+              f"{bp90:,.0f} | {cp90:,.0f} | {cp90 / bp90:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def replay(rows: list[dict[str, Any]], on: bool) -> tuple[Hits, set[str]]:
         if on:
             headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
             body, report = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
-                                     opt_out=False, now=NOW, headers=headers)  # fmt: skip
+                                     opt_out=False, now=NOW, headers=headers)
             headers_seen.add(report.header())
         hit = cache.serve(render(name, body))
         for group in ("all", str(row.get("kind")), f"{row.get('session')} / {row.get('kind')}"):

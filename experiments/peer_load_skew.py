@@ -49,7 +49,7 @@ def cluster() -> ClusterState:
     """One pool of four replicas, as every gateway process of one config has it."""
     raw = {"models": [{"name": "m", "pools": ["p"]}],
            "pools": {"p": {"role": "interactive", "served_model": "m", "replicas": REPLICAS,
-                           "price": {"gpu_hour_usd": 1, "capacity_tokens_per_s": 10}}}}  # fmt: skip
+                           "price": {"gpu_hour_usd": 1, "capacity_tokens_per_s": 10}}}}
     return ClusterState.from_config(parse_config(raw))
 
 
@@ -100,7 +100,7 @@ async def cell(args: argparse.Namespace, s_ms: float, on_store_clock: bool, rng:
         while time.monotonic() < end:
             await asyncio.sleep(rng.uniform(0, 0.01))
             seen = [(s.in_force(), tuple(r.shared_load for r in st.pools["p"].replicas))
-                    for s, st in zip(shares, states, strict=True)]  # fmt: skip
+                    for s, st in zip(shares, states, strict=True)]
             out.samples += 1
             out.agree += len(set(seen)) == 1
             out.shared += all(f >= 0 for f, _ in seen)
@@ -136,13 +136,13 @@ async def run(args: argparse.Namespace) -> None:
         for mode in MODES:
             results[(s, mode)] = c = await cell(args, s, mode == "store clock", rng)
             print(f"S {s:g} ms, {mode}: {pct(c.agree, c.samples)} of {c.samples} instants, exchanges {c.exchanges}",
-                  flush=True)  # fmt: skip
+                  flush=True)
     print(f"\n{args.processes} processes, skews evenly over ±S, rounds of {args.interval * 1000:g} ms, "
           f"{args.seconds:g} s per cell, {time.monotonic() - t0:.0f} s in all; `uptime`: "
-          f"{os.getloadavg()[0]:.2f} load avg\n")  # fmt: skip
+          f"{os.getloadavg()[0]:.2f} load avg\n")
     print("| skew S | spread 2S / round | **same snapshot everywhere, local clock** | **same snapshot everywhere, "
           "store clock** | offset estimate vs injected skew: median / p99 / max | late exchanges local / store "
-          "| instants on a shared snapshot (store clock) |")  # fmt: skip
+          "| instants on a shared snapshot (store clock) |")
     print("|---|---|---|---|---|---|---|")
     for s in skews_ms:
         loc, sto = results[(s, "local clock")], results[(s, "store clock")]
@@ -151,7 +151,7 @@ async def run(args: argparse.Namespace) -> None:
         lates = "/".join(str(c.exchanges.get("late", 0)) for c in (loc, sto))
         print(f"| ±{s:g} ms | {200 * s / 1000 / args.interval:.0f} % | {pct(loc.agree, loc.samples)} "
               f"| {pct(sto.agree, sto.samples)} | {statistics.median(errs):.0f} / {p99:.0f} / {errs[-1]:.0f} µs "
-              f"| {lates} | {pct(sto.shared, sto.samples)} |")  # fmt: skip
+              f"| {lates} | {pct(sto.shared, sto.samples)} |")
 
 
 def main() -> None:

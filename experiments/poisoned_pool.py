@@ -46,7 +46,7 @@ def poisoned(i: int, poison: str) -> tuple[str, dict[str, Any]]:
 
 
 async def attacker(http: httpx.AsyncClient, gw: str, args: argparse.Namespace, until: float,
-                   seen: Counter[int]) -> None:  # fmt: skip
+                   seen: Counter[int]) -> None:
     async def one(i: int) -> None:
         path, body = poisoned(i, args.poison)
         try:
@@ -91,7 +91,7 @@ async def run(gw: str, args: argparse.Namespace) -> tuple[Counter[int], Counter[
     async with httpx.AsyncClient(timeout=30, limits=limits) as http:
         until = time.monotonic() + args.seconds
         await asyncio.gather(attacker(http, gw, args, until, bad), ready_poll(http, gw, until, ready),
-                             *(victim(http, gw, until, good) for _ in range(args.workers)))  # fmt: skip
+                             *(victim(http, gw, until, good) for _ in range(args.workers)))
     return bad, good, ready
 
 
@@ -110,10 +110,10 @@ def main() -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="kvgate-poisoned-"))
     marker = ["--fail-marker", MARKER] if args.poison == "all" else []
     sims = [sim_proc(f"sim{i}", ["--profile", "h100-8b", *marker], time_scale=1.0, log_dir=log_dir)
-            for i in range(2)]  # fmt: skip
+            for i in range(2)]
     tenants = [{"id": "attacker", "api_keys": [ATTACKER]}, {"id": "victim", "api_keys": [VICTIM]}]
     cfg = gateway_config({"main": {"role": "interactive", "replicas": [s.url for s in sims],
-                                   "policy": "round_robin"}}, tenants=tenants)  # fmt: skip
+                                   "policy": "round_robin"}}, tenants=tenants)
     gw = gateway_proc("gateway", cfg, log_dir=log_dir)
     try:
         for s in sims:

@@ -117,7 +117,7 @@ class Load:
     """`concurrency` agent sessions in flight, turn after turn, until stopped."""
 
     def __init__(self, base: str, workload: Workload, concurrency: int, max_tokens: int, warm: int,
-                 api: str = "chat") -> None:  # fmt: skip
+                 api: str = "chat") -> None:
         self.api = api
         self.base = base
         self.workload = workload
@@ -202,7 +202,7 @@ def _ratio(rows: list[Sent]) -> float:
 
 
 def start_a_and_b(tag: str, workdir: Path, config: Callable[[list[str]], dict[str, Any]]
-                  ) -> tuple[list[int], list[str], list[subprocess.Popen[bytes]], str]:  # fmt: skip
+                  ) -> tuple[list[int], list[str], list[subprocess.Popen[bytes]], str]:
     """Sims A and B and a gateway whose config (`config(sims)`) lists C too, not started yet: the three ports,
     the sims' URLs, the processes (stopped here if the start fails) and the gateway's URL."""
     ports = [free_port() for _ in range(3)]
@@ -215,7 +215,7 @@ def start_a_and_b(tag: str, workdir: Path, config: Callable[[list[str]], dict[st
         cfg_path.write_text(yaml.safe_dump(config(sims)))
         gw_port = free_port()
         procs.append(_spawn([KVGATE, "serve", "--config", str(cfg_path), "--port", str(gw_port), "--log-level",
-                             "info"], workdir / f"{tag}-gateway.log"))  # fmt: skip
+                             "info"], workdir / f"{tag}-gateway.log"))
         base = f"http://127.0.0.1:{gw_port}"
         wait_http(base + "/ready", 120, procs[-1])
     except BaseException:
@@ -230,7 +230,7 @@ async def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> ArmResul
     try:
         await asyncio.sleep(1.0)  # C's probes fail: it leaves the rotation before any request
         options = WorkloadOptions(seed=args.seed, tenants=args.tenants,
-                                  api_keys=tuple(f"sk-pw-{k}" for k in range(args.tenants)))  # fmt: skip
+                                  api_keys=tuple(f"sk-pw-{k}" for k in range(args.tenants)))
         load = Load(base, Workload("agent", options), args.concurrency, args.max_tokens, args.warm, args.api)
         task = asyncio.create_task(load.run())
         deadline = time.monotonic() + args.time_limit_s
@@ -301,7 +301,7 @@ def main() -> None:
         args.seed = seed
         results += [asyncio.run(run_arm(arm, args, workdir)) for arm in ARMS]
     print(f"\nlogs in {workdir}; {api_path(args.api)}, {args.tenants} tenants, {args.concurrency} sessions in "
-          f"flight, C joins after {args.warm} requests, C's first {args.first_n} client requests\n")  # fmt: skip
+          f"flight, C joins after {args.warm} requests, C's first {args.first_n} client requests\n")
     print("| arm | seed | C's requests measured | cached-token ratio on C | on C, first turns | mean latency on C (s) "
           "| others' ratio after join | pre-warm replays | replayed tokens | held (s) | C's first request after (s) "
           "| requests | errors |")
@@ -310,7 +310,7 @@ def main() -> None:
         ft = f"{r.c_first_turn_ratio:.3f}" if r.c_first_turn_ratio is not None else "-"
         print(f"| {r.arm} | {r.seed} | {r.c_requests} | {r.c_cached_ratio:.3f} | {ft} | {r.c_mean_latency_s:.3f} | "
               f"{r.others_cached_ratio:.3f} | {r.prewarm_replays:.0f} | {r.prewarm_tokens:.0f} | "
-              f"{r.prewarm_held_s:.2f} | {r.join_s:.2f} | {r.requests} | {r.errors} |")  # fmt: skip
+              f"{r.prewarm_held_s:.2f} | {r.join_s:.2f} | {r.requests} | {r.errors} |")
         for note in r.notes:
             print(f"  note ({r.arm}): {note}")
     for arm in ARMS:
@@ -318,7 +318,7 @@ def main() -> None:
         print(f"| **{arm}, mean** | | {sum(r.c_requests for r in rows)} | "
               f"**{sum(r.c_cached_ratio for r in rows) / len(rows):.3f}** | | "
               f"{sum(r.c_mean_latency_s for r in rows) / len(rows):.3f} | "
-              f"{sum(r.others_cached_ratio for r in rows) / len(rows):.3f} | | | | | | |")  # fmt: skip
+              f"{sum(r.others_cached_ratio for r in rows) / len(rows):.3f} | | | | | | |")
     print(f"\nuptime: {os.popen('uptime').read().strip()}")
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))

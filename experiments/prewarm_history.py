@@ -134,7 +134,7 @@ async def run_arm(arm: str, args: argparse.Namespace, workdir: Path) -> HistoryR
     try:
         await asyncio.sleep(1.0)  # C's probes fail: it leaves the rotation before any request
         options = WorkloadOptions(seed=args.seed, tenants=args.sessions,
-                                  api_keys=tuple(f"sk-pw-{k}" for k in range(args.sessions)))  # fmt: skip
+                                  api_keys=tuple(f"sk-pw-{k}" for k in range(args.sessions)))
         workload = Workload("agent", options)
         n = args.sessions
         sessions = [long_session(workload, n + i, args.turns_before + 1, args.turn_chars) for i in range(n)]
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
         args.seed = seed
         results += [asyncio.run(run_arm(arm, args, workdir)) for arm in ARMS]
     print(f"\nlogs in {workdir}; {api_path(args.api)}, {args.sessions} sessions (one per tenant), "
-          f"{args.turns_before} turns before C joins, {args.turn_chars} chars of tool output per turn\n")  # fmt: skip
+          f"{args.turns_before} turns before C joins, {args.turn_chars} chars of tool output per turn\n")
     print("| arm | seed | moved sessions | cached ratio, moved sessions' next turn | uncached prompt tokens (sum) "
           "| per moved session | mean latency (s) | others' ratio | replays | replayed tokens | held (s) | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
         per = r.moved_uncached / r.moved if r.moved else 0
         print(f"| {r.arm} | {r.seed} | {r.moved} | {r.moved_ratio:.3f} | {r.moved_uncached:,} | {per:,.0f} | "
               f"{r.moved_latency_s:.3f} | {r.stayed_ratio:.3f} | {r.replays:.0f} | {r.replayed_tokens:,.0f} | "
-              f"{r.held_s:.2f} | {r.errors} |")  # fmt: skip
+              f"{r.held_s:.2f} | {r.errors} |")
         for note in r.notes:
             print(f"  note ({r.arm}): {note}")
     for arm in ARMS:
@@ -202,5 +202,5 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
         uncached = sum(r.moved_uncached for r in rows)
         moved = sum(r.moved for r in rows)
         print(f"| **{arm}, all seeds** | | {moved} | **{(1 - uncached / prompt) if prompt else 0:.3f}** | "
-              f"{uncached:,} | {uncached / moved if moved else 0:,.0f} | | | | | | |")  # fmt: skip
+              f"{uncached:,} | {uncached / moved if moved else 0:,.0f} | | | | | | |")
     return [asdict(r) for r in results]

@@ -26,7 +26,7 @@ from app.surfaces.base import Surface
 def chat_turn(n: int) -> dict[str, Any]:
     """A coding agent's chat turn: system prompt, task, then n-2 tool calls and results."""
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 60},
-                                  {"role": "user", "content": "Fix the failing test in tests/test_x.py."}]  # fmt: skip
+                                  {"role": "user", "content": "Fix the failing test in tests/test_x.py."}]
     for i in range((n - 2) // 2):
         call = {"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}
         msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -39,9 +39,9 @@ def messages_turn(n: int) -> dict[str, Any]:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test in tests/test_x.py."}]
     for i in range((n - 2) // 2):
         msgs.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "read",
-                                                       "input": {"path": "a.py"}}]})  # fmt: skip
+                                                       "input": {"path": "a.py"}}]})
         msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
-                                                  "content": "def f(x):\n    return x\n" * 20}]})  # fmt: skip
+                                                  "content": "def f(x):\n    return x\n" * 20}]})
     return {"model": "m", "max_tokens": 256, "system": "You are a coding agent. " * 60, "messages": msgs}
 
 
@@ -72,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     print("| surface | messages | arm | µs/record (median of 7) | x off |\n|---|---|---|---|---|")
     for name, surface, body in (("chat", CHAT, chat_turn(args.messages)),
-                                ("messages", MESSAGES, messages_turn(args.messages))):  # fmt: skip
+                                ("messages", MESSAGES, messages_turn(args.messages))):
         fns = arms(surface, body)
         samples: dict[str, list[float]] = {k: [] for k in fns}
         for _ in range(7):  # interleaved rounds: machine noise hits every arm alike

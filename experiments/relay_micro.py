@@ -83,7 +83,7 @@ def stream(tokens: int, *, spaced: bool) -> list[bytes]:
 
     def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
         doc: dict[str, Any] = {"id": "chatcmpl-0b3c", "object": "chat.completion.chunk", "created": 1767225600,
-                               "model": SERVED, "choices": choices}  # fmt: skip
+                               "model": SERVED, "choices": choices}
         if usage is not None:
             doc["usage"] = usage
         text = orjson.dumps(doc)
@@ -92,7 +92,7 @@ def stream(tokens: int, *, spaced: bool) -> list[bytes]:
         return b"data: " + text + b"\n\n"
 
     out = [event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                   "finish_reason": None}])]  # fmt: skip
+                   "finish_reason": None}])]
     for i in range(tokens):
         out.append(event([{"index": 0, "delta": {"content": f" tok{i}"}, "logprobs": None, "finish_reason": None}]))
     out.append(event([{"index": 0, "delta": {"content": "."}, "logprobs": None, "finish_reason": "stop"}]))
@@ -104,7 +104,7 @@ def stream(tokens: int, *, spaced: bool) -> list[bytes]:
 def context(public: str) -> RequestContext:
     """A streaming chat request's context whose client did not ask for usage."""
     return RequestContext(request_id="r", surface=CHAT, path="/v1/chat/completions", body={}, model=public,
-                          stream=True, client_wants_usage=False, headers={})  # fmt: skip
+                          stream=True, client_wants_usage=False, headers={})
 
 
 Observer = Callable[[RequestContext, str], Any]

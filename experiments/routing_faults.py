@@ -116,7 +116,7 @@ async def streaming_phase(gw_url: str, api: str, n: int, max_tokens: int, kill: 
     n_started = [0]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         tasks = [asyncio.create_task(one_stream(session, gw_url, api, MODEL, i, max_tokens, outcomes[i], started,
-                                                n_started, n, greedy)) for i in range(n)]  # fmt: skip
+                                                n_started, n, greedy)) for i in range(n)]
         # On timeout kill anyway; streams without a first token are reported as such.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(started.wait(), timeout_s / 2)

@@ -85,7 +85,7 @@ def turns(arm: str, tenant: int, n: int, seed: int) -> list[Turn]:
         t = BASE_TIME + timedelta(minutes=7 * k, seconds=rng.randint(0, 59))
         out.append(Turn(nonce=f"{rng.getrandbits(20):05x}", time=f"{t:%Y-%m-%dT%H:%M:%S}.{rng.randint(0, 999):03d}Z",
                         request_id=f"req_{rng.getrandbits(64):016x}", user=f"user_{rng.randint(10_000, 99_999)}",
-                        task=TASKS[(tenant + k) % len(TASKS)]))  # fmt: skip
+                        task=TASKS[(tenant + k) % len(TASKS)]))
     return out
 
 

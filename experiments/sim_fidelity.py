@@ -45,7 +45,7 @@ def counters(base: str) -> dict[str, float]:
     for line in get(base + "/metrics").splitlines():
         for name in ("prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total",
                      "generation_tokens_total", "num_preemptions_total", "spec_decode_num_drafts_total",
-                     "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):  # fmt: skip
+                     "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):
             if line.startswith(f"vllm:{name}{{"):
                 out[name] = float(line.rsplit(" ", 1)[1])
     return out
@@ -60,7 +60,7 @@ def run_target(base: str, args: argparse.Namespace) -> dict[str, Any]:
                "--concurrency", str(args.concurrency), "--requests", str(args.requests),
                "--max-tokens", str(args.max_tokens), "--seed", str(args.seed), "--extra-body",
                args.extra_body, "--json", f.name, "--json-summary-only", "--quiet",
-               "--timeout", "600"]  # fmt: skip
+               "--timeout", "600"]
         subprocess.run(cmd, check=False, capture_output=True, timeout=1800)
         summary = json.loads(Path(f.name).read_text())["summary"]
     m1 = counters(base)
@@ -81,7 +81,7 @@ def run_target(base: str, args: argparse.Namespace) -> dict[str, Any]:
         "spec_drafts": d.get("spec_decode_num_drafts_total", 0.0),
         "spec_draft_tok": d.get("spec_decode_num_draft_tokens_total", 0.0),
         "spec_accepted": d.get("spec_decode_num_accepted_tokens_total", 0.0),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -107,7 +107,7 @@ def main() -> None:
         sim = f"http://127.0.0.1:{args.sim_port}"
         cmd = [sys.executable, "-m", "app.sim", "--port", str(args.sim_port), "--model", "smollm2-135m",
                "--profile", "cpu-smollm2", "--no-render-tools", "--max-num-seqs", str(args.max_num_seqs),
-               *(["--tokenizer", str(TOKENIZER)] if TOKENIZER.exists() else []), *args.sim_extra.split()]  # fmt: skip
+               *(["--tokenizer", str(TOKENIZER)] if TOKENIZER.exists() else []), *args.sim_extra.split()]
         sim_proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(100):
             try:
@@ -123,7 +123,7 @@ def main() -> None:
             sim_proc.terminate()
             sim_proc.wait(timeout=10)
     print(f"workload {args.workload}, concurrency {args.concurrency}, {args.requests} requests, "
-          f"max_tokens {args.max_tokens}, extra body {args.extra_body}, seed {args.seed}")  # fmt: skip
+          f"max_tokens {args.max_tokens}, extra body {args.extra_body}, seed {args.seed}")
     print(f"{'metric':<16}{'real':>12}{'sim':>12}{'sim/real':>10}")
     for k in real_r:
         rv, sv = real_r[k], sim_r[k]

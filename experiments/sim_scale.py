@@ -36,7 +36,7 @@ def scrape(text: str) -> dict[str, float]:
     want = (
         "vllm:generation_tokens_total", "vllm:num_requests_running", "kvgate_sim_steps",
         "kvgate_sim_step_lateness_seconds", "kvgate_sim_modeled_step_seconds", "process_cpu_seconds_total",
-    )  # fmt: skip
+    )
     out: dict[str, float] = {}
     for line in text.splitlines():
         for w in want:
@@ -56,7 +56,7 @@ async def client(url: str, n: int, ramp_s: float, window_s: float, max_tokens: i
     async def one(session: aiohttp.ClientSession, i: int) -> None:
         nonlocal errors, started
         body = {"model": "sim", "messages": [{"role": "user", "content": f"stream {i}: tell me a long story"}],
-                "max_tokens": max_tokens, "stream": True, "ignore_eos": True}  # fmt: skip
+                "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
         try:
             async with session.post(url + "/v1/chat/completions", json=body) as r:
                 last = 0.0
@@ -111,7 +111,7 @@ async def client(url: str, n: int, ramp_s: float, window_s: float, max_tokens: i
         "wall_step_ms": 1e3 * wall / steps if steps else 0.0,
         "client_gap_p50_ms": 1e3 * statistics.median(gaps) if gaps else 0.0,
         "client_gap_p99_ms": 1e3 * statistics.quantiles(gaps, n=100)[98] if len(gaps) > 100 else 0.0,
-    }  # fmt: skip
+    }
 
 
 def run_level(args: argparse.Namespace, n: int) -> dict[str, float]:
@@ -119,7 +119,7 @@ def run_level(args: argparse.Namespace, n: int) -> dict[str, float]:
     port = 9300 + n % 500
     sim_cmd = ["taskset", "-c", str(args.sim_core), sys.executable, "-m", "app.sim", "--port", str(port),
                "--model", "sim", "--profile", args.profile, "--max-num-seqs", str(max(n, 256)),
-               "--kv-blocks", str(args.kv_blocks), "--max-model-len", "8192"]  # fmt: skip
+               "--kv-blocks", str(args.kv_blocks), "--max-model-len", "8192"]
     sim = subprocess.Popen(sim_cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -136,7 +136,7 @@ def run_level(args: argparse.Namespace, n: int) -> dict[str, float]:
             ["taskset", "-c", str(args.client_core), sys.executable, __file__, "--client", url, "--streams", str(n),
              "--ramp-s", str(args.ramp_s), "--window-s", str(args.window_s), "--max-tokens", str(args.max_tokens)],
             cwd=ROOT, capture_output=True, timeout=args.ramp_s + args.window_s + 60, check=True,
-        )  # fmt: skip
+        )
         return dict(orjson.loads(cli.stdout.splitlines()[-1]))
     finally:
         sim.terminate()
@@ -167,9 +167,9 @@ def main() -> None:
     cols = ("streams", "started", "running", "errors", "ideal_tok_s", "achieved_tok_s", "ratio", "sim_cpu_share",
             "client_cpu_share",
             "cpu_us_per_token", "core_capacity_tok_s", "modeled_step_ms", "wall_step_ms", "client_gap_p50_ms",
-            "client_gap_p99_ms")  # fmt: skip
+            "client_gap_p99_ms")
     print(f"profile {args.profile}, sim on core {args.sim_core}, client on core {args.client_core}, "
-          f"window {args.window_s}s")  # fmt: skip
+          f"window {args.window_s}s")
     print(" | ".join(cols))
     for n in (int(x) for x in args.streams.split(",")):
         r = run_level(args, n)

@@ -44,7 +44,7 @@ POOLS = {
         role="bulk", served_model="m-bulk", replicas=["http://127.0.0.1:8002"],
         price=PriceConfig(gpu_hour_usd=2.5, capacity_tokens_per_s=6000),
     ),
-}  # fmt: skip
+}
 PRICES = {name: pool_prices(p.price) for name, p in POOLS.items()}
 REFERENCE = reference_prices(ReferencePrice())
 
@@ -84,7 +84,7 @@ def make_contexts(n: int, start_id: int) -> list[RequestContext]:
                 usage=Usage(900 + i % 50, 40 + i % 7, 640, reported=True), status=200,
                 response_id=f"chatcmpl-{i}", finish_reasons=["stop"],
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -176,9 +176,9 @@ def main() -> None:
         rows = [(name, *measure(make, args.requests, args.runs)) for name, make in variants.items()]
     base = rows[0][1]
     print(f"{args.requests} requests x {args.runs} runs, median CPU µs; budget {BUDGET_US:.0f} µs "
-          "for auth+limits+cost+telemetry")  # fmt: skip
+          "for auth+limits+cost+telemetry")
     print(f"{'variant':<24} {'thread µs':>10} {'x base':>7} {'process µs':>11} {'settle µs':>10} "
-          f"{'net % budget':>13} {'ms/scrape':>10}")  # fmt: skip
+          f"{'net % budget':>13} {'ms/scrape':>10}")
     for name, thread, process, settle, render_ms in rows:
         print(
             f"{name:<24} {thread:>10.1f} {thread / base:>7.1f} {process:>11.1f} {settle:>10.1f} "

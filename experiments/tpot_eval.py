@@ -68,7 +68,7 @@ def _sims(args: argparse.Namespace, log_dir: Path) -> tuple[Proc, Proc]:
     common = ["--profile", "h100-8b", "--mean-output-tokens", "512", "--seed", "1"]
     spec = sim_proc("spec", [*common, "--speculative", f"ngram:{args.k}:{args.chat_accept}",
                              "--spec-accept-when", f"```={args.code_accept}", "--max-num-seqs", "256"],
-                    time_scale=args.time_scale, log_dir=log_dir)  # fmt: skip
+                    time_scale=args.time_scale, log_dir=log_dir)
     bulk = sim_proc("bulk", [*common, "--max-num-seqs", "512"], time_scale=args.time_scale, log_dir=log_dir)
     return spec, bulk
 
@@ -107,10 +107,10 @@ async def run_arm(arm: str, args: argparse.Namespace, sims: tuple[Proc, Proc], l
     urls = [s.url for s in sims]
     inter = BenchSpec(base_url=gw.url, workload="code-chat", model=MODEL, rate=args.rates[0] * ts,
                       duration_s=args.warm_s, seed=args.seed, mixed_ratio=args.code_ratio, time_scale=ts,
-                      timeout_s=600)  # fmt: skip
+                      timeout_s=600)
     arm_s = args.warm_s + len(args.rates) * args.step_s
     bulk_spec = BenchSpec(base_url=gw.url, workload="bulk", model=MODEL, rate=args.bulk_rate * ts, duration_s=arm_s * 4,
-                          seed=args.seed + 7, max_tokens=256, time_scale=ts, timeout_s=600)  # fmt: skip
+                          seed=args.seed + 7, max_tokens=256, time_scale=ts, timeout_s=600)
     steps: list[Step] = []
     try:
         await asyncio.sleep(2 * args.probe_s / ts)
@@ -125,7 +125,7 @@ async def run_arm(arm: str, args: argparse.Namespace, sims: tuple[Proc, Proc], l
             cpu, gen, req = cpu_seconds(gw.pid) - cpu0, _generated(urls) - gen0, _gateway_requests(gw) - req0
             late = 100 * (_lateness(urls) - late0) / (wall * len(urls))
             steps.append(Step(rate, result.records, gen / (wall * ts), 1000 * cpu / max(req, 1), req, spec.seed,
-                              late, _errors(result.records, ts)))  # fmt: skip
+                              late, _errors(result.records, ts)))
             print(
                 f"[{time.strftime('%H:%M:%S')}] {arm} step {rate:g} req/s: {len(result.records)} requests, "
                 f"{wall:.0f} s",
@@ -152,7 +152,7 @@ def _tpot_ms(
     records: list[RequestRecord], p: float, kind: str | None = None, kinds: Workload | None = None
 ) -> float | None:
     vals = [r.tpot_s * 1000 for r in records if r.ok and r.tpot_s is not None and not r.warmup
-            and (kind is None or kinds is None or _kind(kinds, r) == kind)]  # fmt: skip
+            and (kind is None or kinds is None or _kind(kinds, r) == kind)]
     return percentile(vals, p)
 
 
@@ -204,7 +204,7 @@ def report(args: argparse.Namespace, results: dict[str, list[Step]]) -> None:
                           ("e2e p50 ms", lambda st: _ms([r.e2e_s for r in st.records if r.ok], 50)),
                           ("out tok/s", lambda st: st.out_tokens_per_s),
                           ("sim lateness %", lambda st: st.lateness_pct),
-                          ("gw CPU ms/req", lambda st: st.cpu_ms_per_request)):  # fmt: skip
+                          ("gw CPU ms/req", lambda st: st.cpu_ms_per_request)):
             vals = {a: fn(results[a][i]) for a in ARMS if a in results}
             verdict = ""
             if label.startswith("TPOT") and all(vals.get(a) is not None for a in ("spec", "bulk", "tpot")):
@@ -256,7 +256,7 @@ def dump(args: argparse.Namespace, results: dict[str, list[Step]]) -> None:
                 for r in st.records:
                     f.write(json.dumps({"arm": arm, "rate": st.rate, "kind": _kind(kinds, r), "route": r.route,
                                         "tpot_s": r.tpot_s, "ttft_s": r.ttft_s, "ok": r.ok,
-                                        "out": r.output_tokens, "start_s": r.start_s}) + "\n")  # fmt: skip
+                                        "out": r.output_tokens, "start_s": r.start_s}) + "\n")
 
 
 def micro(args: argparse.Namespace) -> None:
@@ -269,7 +269,7 @@ def micro(args: argparse.Namespace) -> None:
 
     pools = {"spec": {"role": "interactive", "served_model": MODEL, "replicas": ["http://127.0.0.1:9101"],
                       "speculative": True},
-             "bulk": {"role": "bulk", "served_model": MODEL, "replicas": ["http://127.0.0.1:9201"]}}  # fmt: skip
+             "bulk": {"role": "bulk", "served_model": MODEL, "replicas": ["http://127.0.0.1:9201"]}}
     for pool in pools.values():
         pool["price"] = {"gpu_hour_usd": 2.5, "capacity_tokens_per_s": 5000}
     cfg = parse_config({"models": [{"name": MODEL, "pools": ["spec", "bulk"]}], "pools": pools})
@@ -278,7 +278,7 @@ def micro(args: argparse.Namespace) -> None:
     assert router is not None
     for name, pool in cluster.pools.items():
         c = {"vllm:inter_token_latency_seconds_sum": 0.0, "vllm:inter_token_latency_seconds_count": 0.0,
-             "vllm:spec_decode_num_accepted_tokens": 0.0, "vllm:spec_decode_num_draft_tokens": 0.0}  # fmt: skip
+             "vllm:spec_decode_num_accepted_tokens": 0.0, "vllm:spec_decode_num_draft_tokens": 0.0}
         for t in range(1, 40):
             b = 4 + t * 3
             c["vllm:inter_token_latency_seconds_sum"] += b * 0.01
@@ -289,7 +289,7 @@ def micro(args: argparse.Namespace) -> None:
             router.pools[name].refresh(pool.replicas)
     body = {"messages": [{"role": "system", "content": "You are a concise, helpful assistant."},
                          {"role": "user", "content": "In two or three sentences, explain what a B-tree is."}],
-            "max_tokens": 128, "stream": True}  # fmt: skip
+            "max_tokens": 128, "stream": True}
     decision = ClassDecision("interactive", "stream")
     model = cfg.models[0]
     out = {}
@@ -300,7 +300,7 @@ def micro(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             for i in range(args.micro_calls):
                 pick(model=model, decision=decision, key=i, cluster=cluster, cfg=cfg.routing, body=body,
-                     tenant="t", prompt_tokens=60)  # fmt: skip
+                     tenant="t", prompt_tokens=60)
             best = min(best, (time.perf_counter() - t0) / args.micro_calls)
         out[label] = best * 1e6
         print(f"pick() {label:10s}: {out[label]:.2f} µs per call (best of 5 x {args.micro_calls})")
@@ -328,7 +328,7 @@ def main() -> None:
     """Parse arguments and run."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", type=float, nargs="+", default=[15.0, 40.0, 65.0, 90.0],
-                   help="interactive req/s per ramp step (modeled time)")  # fmt: skip
+                   help="interactive req/s per ramp step (modeled time)")
     p.add_argument("--bulk-rate", type=float, default=25.0, help="bulk req/s (modeled time)")
     p.add_argument("--code-ratio", type=float, default=0.5, help="share of interactive requests that are code edits")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step on the spec pool")

@@ -87,7 +87,7 @@ def _config(arm: str) -> Any:
     pools = {"spec": {"role": "interactive", "served_model": "m", "replicas": ["http://spec"], "speculative": True,
                       "price": price, "max_num_seqs": 256},
              "bulk": {"role": "bulk", "served_model": "m", "replicas": ["http://bulk"], "price": price,
-                      "max_num_seqs": 512}}  # fmt: skip
+                      "max_num_seqs": 512}}
     if arm == "bulk":
         pools = {"bulk": pools["bulk"]}
     # Bulk never borrows the spec pool in any arm: the arms differ only in where interactive requests go.
@@ -105,7 +105,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[int, list[Flight]]:
     for name, pool in cluster.pools.items():
         k = args.k if name == "spec" else 0
         sc = SchedulerConfig(max_num_seqs=256 if name == "spec" else 512, max_num_batched_tokens=8192,
-                             max_model_len=8192, num_spec_tokens=k, spec_accept=args.chat_accept)  # fmt: skip
+                             max_model_len=8192, num_spec_tokens=k, spec_accept=args.chat_accept)
         engines[name] = Engine(Scheduler(sc, BlockPool(25_000, block_size=16), seed=args.seed), pool.replicas[0])
     rng = random.Random(args.seed)
     done: dict[int, list[Flight]] = {i: [] for i in range(len(args.rates))}
@@ -138,19 +138,19 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[int, list[Flight]]:
         interactive = kind != "bulk"
         n_prompt, max_tokens = {"code": (300, 256), "chat": (60, 128), "bulk": (80, 256)}[kind]
         body: dict[str, Any] = {"messages": [{"role": "user", "content": FENCE if kind == "code" else "hi"}],
-                                "max_tokens": max_tokens}  # fmt: skip
+                                "max_tokens": max_tokens}
         route = pick(model=model, decision=INTERACTIVE if interactive else BULK, key=next(ids), cluster=cluster,
-                     cfg=cfg.routing, body=body, tenant="t", prompt_tokens=n_prompt)  # fmt: skip
+                     cfg=cfg.routing, body=body, tenant="t", prompt_tokens=n_prompt)
         eng = engines[route.pool]
         prompt = [prompt_rng.randrange(50_000) for _ in range(n_prompt)]
         eos = 1 + int(prompt_rng.expovariate(1 / 512))
         req = SimRequest(f"r{next(ids)}", prompt, max_tokens=max_tokens, eos_at=eos, arrival=at,
-                         accept=args.code_accept if kind == "code" else args.chat_accept)  # fmt: skip
+                         accept=args.code_accept if kind == "code" else args.chat_accept)
         eng.replica.on_start()
         ctx = None
         if interactive:
             ctx = RequestContext(request_id=req.rid, surface=CHAT, path="/v1/chat/completions", body=body, model="m",
-                                 stream=True, client_wants_usage=True, headers={})  # fmt: skip
+                                 stream=True, client_wants_usage=True, headers={})
             ctx.tenant, ctx.route_class, ctx.route, ctx.status = Tenant("t"), INTERACTIVE, route, 200
         eng.flights[id(req)] = Flight(req, kind, interactive, at, step, eng.replica, ctx)
         eng.sched.add(req)
@@ -241,9 +241,9 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[Flight]]]
             print(f"{rate:>6g} {label:14s}" + "".join(f"{(vals[a] or 0):9.2f}" for a in ARMS) + f"  {verdict}")
         fl = results["tpot"][i]
         to_bulk = {k: sum(1 for f in fl if f.kind == k and f.ctx and f.ctx.route and f.ctx.route.pool == "bulk")
-                   for k in ("code", "chat")}  # fmt: skip
+                   for k in ("code", "chat")}
         errs = [abs(f.ctx.route.prediction.tpot_s - _tpot(f)) / _tpot(f) for f in fl
-                if f.ctx and f.ctx.route and f.ctx.route.prediction and f.req.num_output > 1]  # fmt: skip
+                if f.ctx and f.ctx.route and f.ctx.route.prediction and f.req.num_output > 1]
         n = {k: sum(1 for f in fl if f.kind == k) for k in ("code", "chat")}
         print(
             f"{'':>6s} tpot arm: to bulk code {to_bulk['code']}/{n['code']}, chat {to_bulk['chat']}/{n['chat']}; "
@@ -252,7 +252,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[Flight]]]
     every = {a: [_tpot(f) * 1000 for fl in results[a].values() for f in fl if f.req.num_output > 1] for a in results}
     print("whole ramp: " + "; ".join(f"{a} p50 {_pct(v, 50):.2f} p99 {_pct(v, 99):.2f}" for a, v in every.items()))
     errs = [abs(f.ctx.route.prediction.tpot_s - _tpot(f)) / _tpot(f) for fl in results["tpot"].values() for f in fl
-            if f.ctx and f.ctx.route and f.ctx.route.prediction and f.req.num_output > 1]  # fmt: skip
+            if f.ctx and f.ctx.route and f.ctx.route.prediction and f.req.num_output > 1]
     print(f"tpot arm median |pred-obs|/obs TPOT over the ramp: {(_pct(errs, 50) or 0):.3f} ({len(errs)} requests)")
     print(
         "output tok/s (all requests, until the last one finished): "

@@ -34,12 +34,12 @@ from procs import metric_sum, parse_prom, wait_http
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 MODEL = "smollm2-135m"
 CODE = ("Copy this function exactly, then stop.\n```python\ndef total(items):\n    result = 0\n    for item in items:\n"
-        "        result += item.price * item.count\n    return result\n```")  # fmt: skip
+        "        result += item.price * item.count\n    return result\n```")
 PROSE = ["Write a short poem about the sea at night.", "Describe a walk through an autumn forest.",
-         "Tell a short story about a lost key.", "Explain why people enjoy music."]  # fmt: skip
+         "Tell a short story about a lost key.", "Explain why people enjoy music."]
 SERIES = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
           "vllm:spec_decode_num_drafts_total", "vllm:inter_token_latency_seconds_sum",
-          "vllm:inter_token_latency_seconds_count")  # fmt: skip
+          "vllm:inter_token_latency_seconds_count")
 
 
 def counters(url: str) -> dict[str, float]:
@@ -52,7 +52,7 @@ def one(url: str, content: str, max_tokens: int) -> dict[str, float]:
     """Stream one greedy request; its counter deltas and what the stream showed."""
     before = counters(url)
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     events = tokens = 0
     t0 = time.perf_counter()
     first = last = 0.0
@@ -83,7 +83,7 @@ def report(url: str, rounds: int, max_tokens: int) -> None:
         rows["prose"].append(one(url, PROSE[i % len(PROSE)], max_tokens))
     print(f"vLLM-CPU ngram server {url}, {rounds} greedy requests per kind, max_tokens {max_tokens}, sequential")
     print(f"{'kind':6s} {'accept rate':>11s} {'tok/step ctr':>12s} {'tok/event':>9s} {'step ms':>8s} "
-          f"{'TPOT ms':>8s} {'step/(tok/step)':>15s}")  # fmt: skip
+          f"{'TPOT ms':>8s} {'step/(tok/step)':>15s}")
     for kind, rs in rows.items():
         s = {k: sum(r[k] for r in rs) for k in rs[0]}
         rate = s["spec_decode_num_accepted_tokens_total"] / max(s["spec_decode_num_draft_tokens_total"], 1)
@@ -93,7 +93,7 @@ def report(url: str, rounds: int, max_tokens: int) -> None:
         step_ms = 1000 * s["inter_token_latency_seconds_sum"] / max(steps, 1)
         tpot_ms = 1000 * sum(r["tpot"] for r in rs) / len(rs)
         print(f"{kind:6s} {rate:11.3f} {per_step:12.2f} {per_event:9.2f} {step_ms:8.1f} {tpot_ms:8.1f} "
-              f"{step_ms / per_step:15.1f}")  # fmt: skip
+              f"{step_ms / per_step:15.1f}")
 
 
 def start(port: int) -> subprocess.Popen[bytes]:
@@ -102,7 +102,7 @@ def start(port: int) -> subprocess.Popen[bytes]:
     argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", str(CACHE / "models" / MODEL), "--served-model-name", MODEL, "--enforce-eager",
             "--max-model-len", "2048", "--kv-cache-memory-bytes", "536870912", "--max-num-seqs", "16",
-            "--speculative-config", '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}']  # fmt: skip
+            "--speculative-config", '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}']
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1"}
     log = open(f"/tmp/kvgate-tpot-vllm-{port}.log", "wb")  # noqa: SIM115 - lives with the child
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -42,7 +42,7 @@ def agreement(opening: str, rest: str, whole: str) -> str:
     if spliced == whole:
         return "same"
     agree = next((i for i, (a, b) in enumerate(zip(spliced, whole, strict=False)) if a != b),
-                 min(len(spliced), len(whole))) - len(opening)  # fmt: skip
+                 min(len(spliced), len(whole))) - len(opening)
     return f"{agree}/{len(whole) - len(opening)}"
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     args = p.parse_args()
     c = httpx.Client(timeout=120)
     prompts = ["Write two sentences about the sea.", "Explain what a circuit breaker does in software.",
-               "List four fruits and their colors."]  # fmt: skip
+               "List four fruits and their colors."]
     print(f"{'prompt':52s} {'cut':>4s} {'responses':>14s} {'messages':>14s}   (cut: tokens delivered of "
           f"{args.tokens}; 'same', or characters after the cut that agree / of the rest)")
     for q in prompts:
@@ -81,12 +81,12 @@ def main() -> None:
             resp = c.post(args.url + "/v1/responses", json={**base, "max_output_tokens": left,
                                                             "input": [{"role": "user", "content": q}, item]}).json()
             rest = after_held(held, "".join(part.get("text", "") for it in resp["output"]
-                                            for part in it.get("content") or ()))  # fmt: skip
+                                            for part in it.get("content") or ()))
             chat = {"model": args.model, "max_tokens": left, "temperature": 0, "continue_final_message": True,
                     "add_generation_prompt": False,
                     "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": kept}]}
             cont = after_held(held, c.post(args.url + "/v1/chat/completions", json=chat).json()["choices"][0]
-                              ["message"]["content"])  # fmt: skip
+                              ["message"]["content"])
             same_r, same_m = agreement(opening, rest, whole), agreement(opening, cont, msg_whole)
             print(f"{q[:52]:52s} {sent:4d} {same_r:>14s} {same_m:>14s}")
 

@@ -61,7 +61,7 @@ def one(gw: Proc, mode: str, args: argparse.Namespace, tmp: Path) -> dict[str, f
     g1, m1 = tree_cpu_seconds(gw.pid), machine_cpu_s()
     return {"rps": run.ok / run.seconds, "cpu_ms": 1000 * (g1 - g0) / max(run.ok, 1),
             "gw_cores": (g1 - g0) / run.seconds, "all_cores": (m1 - m0) / run.seconds,
-            "errors": float(run.errors)}  # fmt: skip
+            "errors": float(run.errors)}
 
 
 def main() -> int:
@@ -85,7 +85,7 @@ def main() -> int:
     try:
         up_port = free_port()
         upstream = start_server([PY, str(ROOT / "experiments/instant_upstream.py"), str(up_port)], up_port,
-                                ALL_CORES, tmp / "upstream.log")  # fmt: skip
+                                ALL_CORES, tmp / "upstream.log")
         procs.append(upstream)
         gateways = {}
         for name, workers in ARMS:
@@ -104,7 +104,7 @@ def main() -> int:
                     samples.setdefault((name, mode), []).append(s)
                     print(f"  repeat {r} {mode:<10} {name:<12} {s['rps']:7.0f} req/s  {s['cpu_ms']:.3f} CPU ms/req  "
                           f"gateway {s['gw_cores']:.2f} cores, machine {s['all_cores']:.2f}  errors {s['errors']:.0f}",
-                          flush=True)  # fmt: skip
+                          flush=True)
         print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     finally:
         for p in reversed(procs):
@@ -114,7 +114,7 @@ def main() -> int:
 
     one_w, two_w = ARMS[0][0], ARMS[1][0]
     print(f"\n## kvgate serve --workers 2 against one worker (wrk c={args.concurrency}, {args.seconds:.0f} s runs, "
-          f"{args.repeats} repeats, nothing pinned, {os.cpu_count()} CPUs)\n")  # fmt: skip
+          f"{args.repeats} repeats, nothing pinned, {os.cpu_count()} CPUs)\n")
     print(
         "| mode | req/s 1 worker | req/s --workers 2 | ratio (median of per-repeat ratios) | ratio range "
         "| CPU ms/req 1 / 2 | gateway cores 1 / 2 | machine cores 1 / 2 | errors |"
@@ -131,11 +131,11 @@ def main() -> int:
               f"| {min(ratios):.2f}-{max(ratios):.2f} | {med(a, 'cpu_ms'):.3f} / {med(b, 'cpu_ms'):.3f} "
               f"| {med(a, 'gw_cores'):.2f} / {med(b, 'gw_cores'):.2f} "
               f"| {med(a, 'all_cores'):.2f} / {med(b, 'all_cores'):.2f} "
-              f"| {sum(s['errors'] for s in a + b):.0f} |")  # fmt: skip
+              f"| {sum(s['errors'] for s in a + b):.0f} |")
     print("\nper-repeat ratios: " + "; ".join(
         f"{mode}: " + ", ".join(f"{y['rps'] / x['rps']:.2f}" for x, y in
                                 zip(samples[(one_w, mode)], samples[(two_w, mode)], strict=True))
-        for mode in modes))  # fmt: skip
+        for mode in modes))
     return 0
 
 

@@ -35,7 +35,7 @@ def sim_argv(kvgate: list[str], ports: dict[str, int], sim: str, extra: list[str
         *kvgate, "sim", "--port", str(ports[sim]), "--model", MODEL, "--profile", "h100-8b", *extra,
         "--kv-events", f"tcp://*:{ports[sim + '-kv']}", "--kv-replay", f"tcp://*:{ports[sim + '-replay']}",
         "--kv-topic", "kv",
-    ]  # fmt: skip
+    ]
 
 
 def sim_ports(sims: tuple[str, ...]) -> dict[str, int]:
@@ -67,7 +67,7 @@ def gateway_config(
         {"url": f"http://127.0.0.1:{ports[sim]}", "kv_events": _events(ports, sim)[0],
          "kv_replay": _events(ports, sim)[1], "kv_topic": "kv"}
         for sim in ("vllm-fast", "vllm-fast-2")
-    ]  # fmt: skip
+    ]
     default_tenants = [
         {"id": "acme", "api_keys": [KEYS["acme"]], "default_class": "interactive", "normalize": "on"},
         {"id": "globex", "api_keys": [KEYS["globex"]], "default_class": "bulk", "normalize": "observe"},
@@ -131,7 +131,7 @@ def prometheus_argv(cfg_path: Path, data: Path, port: int) -> list[str]:
     return [
         "prometheus", f"--config.file={cfg_path}", f"--storage.tsdb.path={data}",
         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-    ]  # fmt: skip
+    ]
 
 
 @contextmanager

@@ -56,7 +56,7 @@ def running_guarded_gateway(cfg: GatewayConfig) -> Iterator[str]:
     """The gateway served as `kvgate serve` serves it (uvicorn with the guarded protocol); yields its base URL."""
     app = create_app(cfg)
     config = server_config(app, cfg.listen, app.connections, host="127.0.0.1", port=cfg.listen.port or free_port(),
-                           loop="asyncio", log_level="error")  # fmt: skip
+                           loop="asyncio", log_level="error")
     with running(config) as url:
         yield url
 

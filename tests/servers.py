@@ -42,7 +42,7 @@ def running(config: uvicorn.Config) -> Iterator[str]:
 def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
     """Run an ASGI app with uvicorn on a loopback port in a thread; yield its base URL."""
     config = uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="error", lifespan="on",
-                            loop="asyncio", timeout_graceful_shutdown=1)  # fmt: skip
+                            loop="asyncio", timeout_graceful_shutdown=1)
     with running(config) as url:
         yield url
 

@@ -33,7 +33,7 @@ class FakeResponse:
     """An upstream response whose head arrived; body and chunks scripted, closes counted."""
 
     def __init__(self, status: int = 200, body: bytes = OK_BODY, chunks: list[bytes] | None = None,
-                 fail_after: int | None = None, load_report: str | None = None) -> None:  # fmt: skip
+                 fail_after: int | None = None, load_report: str | None = None) -> None:
         self.status = status
         self.content_type = "text/event-stream; charset=utf-8" if chunks is not None else "application/json"
         self.load_report = load_report
@@ -80,7 +80,7 @@ class FakeTransport:
 def ctx(stream: bool = False) -> RequestContext:
     body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
     c = RequestContext(request_id="r1", surface=CHAT, path="/v1/chat/completions", body=body, model="m",
-                       stream=stream, client_wants_usage=False, headers={}, prompt=CHAT.view(body))  # fmt: skip
+                       stream=stream, client_wants_usage=False, headers={}, prompt=CHAT.view(body))
     c.route_class = ClassDecision("interactive", "default")
     return c
 
@@ -167,7 +167,7 @@ async def test_upstream_4xx_is_the_clients_fault_and_keeps_the_replica_healthy()
 async def test_repeated_failures_open_the_breaker_and_take_the_replica_out_of_rotation() -> None:
     failures = 3
     d, cluster, _ = setup({A: [upstream_unreachable("r")] * failures, B: [upstream_unreachable("r")] * failures},
-                          breaker={"failures": failures})  # fmt: skip
+                          breaker={"failures": failures})
     for _ in range(failures):
         with pytest.raises(GatewayError):
             await d.run(ctx(), d.cfg.models[0], key())
@@ -296,7 +296,7 @@ async def test_the_pick_hook_runs_once_per_attempt_with_the_route_already_set() 
         return None
 
     d = Dispatcher(cfg, ClusterState.from_config(cfg), transport, sleep=no_sleep,
-                   on_pick=lambda c: seen.append(c.route.replica if c.route else None))  # fmt: skip
+                   on_pick=lambda c: seen.append(c.route.replica if c.route else None))
     await d.run(ctx(), cfg.models[0], key())
     assert seen == [A, B]
 

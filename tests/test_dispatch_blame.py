@@ -16,7 +16,7 @@ FAULT = b'{"error":{"message":"injected fault","type":"InternalServerError","cod
 
 async def test_a_body_failing_the_same_way_on_two_replicas_is_answered_and_blames_neither() -> None:
     d, cluster, _ = setup({A: [upstream_status(A, 500, FAULT)], B: [upstream_status(B, 500, FAULT)]},
-                          allow_spill=False)  # fmt: skip
+                          allow_spill=False)
     out = await d.run(ctx(), d.cfg.models[0], key())
     assert isinstance(out, Complete) and out.status == 500
     assert orjson.loads(out.body)["error"]["message"] == "injected fault"
@@ -43,7 +43,7 @@ async def test_a_stream_the_engine_answers_in_json_is_relayed_whole_and_is_no_fa
 async def test_a_caller_past_its_failure_budget_is_refused_without_an_upstream_call() -> None:
     burst = 2
     script = {A: [upstream_status(A, 500, FAULT) for _ in range(burst)],
-              B: [upstream_status(B, 500, FAULT) for _ in range(burst)]}  # fmt: skip
+              B: [upstream_status(B, 500, FAULT) for _ in range(burst)]}
     budget = FailureBudgetConfig(client_burst=burst, refill_per_s=0.001)
     d, _, _ = setup(script, upstream={"failure_budget": budget})
     for _ in range(burst):

@@ -16,13 +16,13 @@ from tests.routing.factory import PRICE
 
 def test_probe_reports_published_facts_overrides_and_disagreements() -> None:
     with running_sim(model="s", speculative="ngram:3:0.6") as fast, \
-            running_sim(model="s", max_num_seqs=32, publish_max_num_seqs=True) as bulk:  # fmt: skip
+            running_sim(model="s", max_num_seqs=32, publish_max_num_seqs=True) as bulk:
         cfg = parse_config({
             "models": [{"name": "m", "pools": ["fast", "bulk"]}],
             "pools": {"fast": {"role": "interactive", "served_model": "s", "replicas": [fast], "price": PRICE},
                       "bulk": {"role": "bulk", "served_model": "s", "replicas": [bulk], "price": PRICE,
                                "max_num_seqs": 8}},
-        })  # fmt: skip
+        })
         lines = asyncio.run(probe(cfg))
     fast_line = next(ln for ln in lines if ln.startswith(f"engine fast {fast}:"))
     assert "speculative=True, spec_tokens=3" in fast_line and "refuses min_p, logit_bias" in fast_line

@@ -254,7 +254,7 @@ def test_limit_spec_budget_is_integer_micro_dollars() -> None:
 async def test_a_stream_longer_than_its_lease_still_holds_its_concurrency_slot(any_store: Store) -> None:
     lease_s = 1.5  # renewed every 0.5 s; a whole lease (1.5 s) of loop lag would be needed to lose it
     lim = Limiter(any_store, TenantRegistry(config(acme_limits={"concurrent": 1}), any_store), "open",
-                  lease_s=lease_s)  # fmt: skip
+                  lease_s=lease_s)
     stream = make_ctx(body=chat(stream=True))
     stream.stream = True
     admission = await lim.admit(stream)

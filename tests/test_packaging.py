@@ -60,7 +60,7 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = getattr(sys, "_base_executable", sys.executable)
     _run([base, "-m", "venv", path])
     _run([path / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel],
-         timeout=INSTALL_TIMEOUT_S)  # fmt: skip
+         timeout=INSTALL_TIMEOUT_S)
     return path
 
 
@@ -75,7 +75,7 @@ def test_fresh_install_serves_health_with_the_embedded_default_from_any_director
     proc = subprocess.Popen(
         [str(venv / "bin" / "kvgate"), "serve", "--port", str(port)],
         cwd=tmp_path, env=_clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    )
     try:
         assert proc.stdout is not None
         ready = proc.stdout.readline()  # the ready line; EOF (empty) if the process died first
@@ -106,7 +106,7 @@ def test_lab_command_without_its_extra_names_the_extra_and_exits_2(
     venv: Path, tmp_path: Path, command: str, args: list[str]
 ) -> None:
     proc = subprocess.run([str(venv / "bin" / "kvgate"), command, *args], cwd=tmp_path, env=_clean_env(tmp_path),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert f"pip install 'kvgate[{command}]'" in proc.stderr
     assert "Traceback" not in proc.stderr

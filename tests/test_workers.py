@@ -41,7 +41,7 @@ def config(sim: str, store: dict[str, Any] | None) -> dict[str, Any]:
         "tenants": [{"id": "limited", "api_keys": [KEY], "limits": {"rpm": RPM}},
                     {"id": "streamer", "api_keys": [KEY2]}],
         "listen": {"drain_s": 5, "drain_notice_s": 0.2},
-    }  # fmt: skip
+    }
 
 
 # --- refusals -----------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def test_workers_on_the_in_memory_store_are_refused_with_exit_2(tmp_path: Path) 
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(config("http://127.0.0.1:9", None)))
     run = subprocess.run([KVGATE, "serve", "--config", str(path), "--workers", "2"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+                         text=True, timeout=60)
     assert run.returncode == 2
     assert "shared store" in run.stderr and "store.url" in run.stderr
 
@@ -73,7 +73,7 @@ def test_the_worker_label_goes_first_on_every_sample_whatever_its_labels() -> No
     assert add_label(text, "worker", "1") == [
         b"# HELP a_total A", b"# TYPE a_total counter",
         b'a_total{worker="1",reason="x}y",pool="p"} 1.0', b'b{worker="1"} 2.0', b'c{worker="1"} 3',
-    ]  # fmt: skip
+    ]
 
 
 def test_merge_writes_each_family_once_with_every_workers_samples() -> None:
@@ -115,7 +115,7 @@ def two_workers(
         path.write_text(yaml.safe_dump(config(sim, {"url": redis_url, "key_prefix": prefix})))
         port = free_port()
         gateway = GatewayProcess.start(["serve", "--config", str(path), "--port", str(port), "--workers", "2"],
-                                       workdir / "gw.log")  # fmt: skip
+                                       workdir / "gw.log")
         proc = gateway.proc
         url = f"http://127.0.0.1:{port}"
         try:
@@ -147,7 +147,7 @@ async def test_the_workers_enforce_one_rpm_limit_and_share_the_connections(
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=30) as sdk:
             try:
                 await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": f"hi {i}"}],
-                                                  max_tokens=2)  # fmt: skip
+                                                  max_tokens=2)
                 return 200
             except openai.RateLimitError:
                 return 429
@@ -196,7 +196,7 @@ def test_a_killed_worker_is_replaced_then_sigterm_drains_all(two_workers: tuple[
     stream = sdk.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "tell a long story"}], max_tokens=300, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     chunks = iter(stream)
     next(chunks)
     proc.proc.send_signal(signal.SIGTERM)

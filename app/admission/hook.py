@@ -29,7 +29,7 @@ class FairAdmission(PathHook):
     name = "fair_admission"
 
     def __init__(self, queues: Mapping[str, AdmissionQueue], cluster: Callable[[], ClusterState],
-                 routing: RoutingConfig, telemetry: Telemetry) -> None:  # fmt: skip
+                 routing: RoutingConfig, telemetry: Telemetry) -> None:
         self.queues = queues
         self._cluster = cluster
         self._routing = routing
@@ -51,7 +51,7 @@ class FairAdmission(PathHook):
                 return
             try:
                 ctx.queue_ticket = ticket = await queue.acquire(tenant.id, rclass, predicted_tokens(ctx),
-                                                                watch_first_token=ctx.stream)  # fmt: skip
+                                                                watch_first_token=ctx.stream)
             except AdmissionRejected as err:
                 degrade = queue.cfg.on_exceed == "degrade" and rclass == "interactive" and ctx.pinned is None
                 self._telemetry.record_limited(ctx, "queue", "degrade" if degrade else "reject")
@@ -59,7 +59,7 @@ class FairAdmission(PathHook):
                     raise queue_error(err, tenant.id) from None
                 ctx.limit_notes.append("degraded:queue")
                 ctx.route_class = classify(ctx.body, ctx.headers, tenant, self._routing, degraded=True,
-                                           cap_fields=ctx.surface.output_cap_fields)  # fmt: skip
+                                           cap_fields=ctx.surface.output_cap_fields)
                 continue
             self._telemetry.record_queue_wait(pool, tenant.id, rclass, ticket.waited_s)
             return

@@ -26,7 +26,7 @@ def learn_capacity(capacity: int | None, sat: Saturation) -> int | None:
 
 
 def next_limit(limit: int | None, in_flight: int, backlog: int, sat: Saturation, cfg: AdmissionConfig,
-               capacity: int | None = None) -> int | None:  # fmt: skip
+               capacity: int | None = None) -> int | None:
     """The cap after a state change (None: no cap, the fast path); `backlog` = requests waiting in the gateway."""
     floor = max(1, sat.replicas)  # one request per replica always proceeds: the queue cannot stall itself
     if sat.replicas_saturated:

@@ -45,21 +45,21 @@ def register_queue_metrics(meter: Meter, queues: Mapping[str, AdmissionQueue]) -
     meter.create_observable_counter(
         "gateway.queue.rejected", [rejected], "{request}",
         "Requests the admission queue refused (queue_full, deadline), per tenant",
-    )  # fmt: skip
+    )
     meter.create_observable_gauge(
         "gateway.queue.in_flight", [per_pool(lambda q: q.in_flight)], "{request}",
         "Requests holding an admission slot of the pool",
-    )  # fmt: skip
+    )
     meter.create_observable_gauge(
         "gateway.queue.limit", [per_pool(lambda q: q.limit)], "{request}",
         "The pool's in-flight cap while saturated (absent: no cap, the fast path)",
-    )  # fmt: skip
+    )
     meter.create_observable_gauge(
         "gateway.queue.reserve", [per_pool(lambda q: q.reserve if q.limit is not None else None)], "{request}",
         "Slots of the cap kept for tenants under their fair share (sized from their arrivals; absent: no cap)",
-    )  # fmt: skip
+    )
     meter.create_observable_gauge(
         # No unit "1": the collector would name it gateway_queue_saturated_ratio, the SDK's exporter not.
         "gateway.queue.saturated", [per_pool(lambda q: 1.0 if q.saturation.saturated else 0.0)], "",
         "1 while the pool counts as saturated (the queue engages)",
-    )  # fmt: skip
+    )

@@ -45,7 +45,7 @@ class EventRate:
 
 
 def demand_reserve(arrivals_per_s: float | None, releases_per_s: float | None, miss: float, floor: int,
-                   ceiling: int) -> int:  # fmt: skip
+                   ceiling: int) -> int:
     """Slots to keep free for tenants under their share: the smallest R with rho^R <= miss, in [floor, ceiling]."""
     ceiling = max(ceiling, floor)
     if not arrivals_per_s or releases_per_s is None:

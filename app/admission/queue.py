@@ -41,7 +41,7 @@ class _Waiter:
     __slots__ = ("enqueued_at", "future", "route_class", "tenant", "timer", "tokens", "watch")
 
     def __init__(self, tenant: str, route_class: RouteClass, tokens: int, future: asyncio.Future[Ticket],
-                 now: float, watch: bool) -> None:  # fmt: skip
+                 now: float, watch: bool) -> None:
         self.tenant = tenant
         self.route_class = route_class
         self.tokens = tokens
@@ -70,7 +70,7 @@ class _Admission:
         return ticket
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:  # fmt: skip
+                        tb: TracebackType | None) -> None:
         if self._ticket is not None:
             self._ticket.release()
 
@@ -80,7 +80,7 @@ class AdmissionQueue:
 
     def __init__(self, cfg: AdmissionConfig, *, pool: str = "", clock: Callable[[], float] = time.monotonic,
                  on_wait: Callable[[str, RouteClass, float], None] | None = None,
-                 call_later: CallLater | None = None) -> None:  # fmt: skip
+                 call_later: CallLater | None = None) -> None:
         self.cfg = cfg
         self.pool = pool
         self._clock = clock
@@ -109,7 +109,7 @@ class AdmissionQueue:
 
     # ------------------------------------------------------------------------------------------ entry points
     def admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, deadline_s: float | None = None,
-              *, watch_first_token: bool = False) -> _Admission:  # fmt: skip
+              *, watch_first_token: bool = False) -> _Admission:
         """`async with` this: yields a Ticket once the request may start; raises AdmissionRejected.
 
         With `watch_first_token` the caller promises Ticket.first_token() when the response's first token
@@ -117,16 +117,16 @@ class AdmissionQueue:
         return _Admission(self, (tenant, route_class, predicted_tokens, deadline_s, watch_first_token))
 
     async def acquire(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
-                      deadline_s: float | None = None, *, watch_first_token: bool = False) -> Ticket:  # fmt: skip
+                      deadline_s: float | None = None, *, watch_first_token: bool = False) -> Ticket:
         """The Ticket without a context manager (for a stream that outlives the handler); release() it."""
         ticket = self.try_admit(tenant, route_class, predicted_tokens, watch_first_token=watch_first_token)
         if ticket is None:
             ticket = await self.wait(tenant, route_class, predicted_tokens, deadline_s,
-                                     watch_first_token=watch_first_token)  # fmt: skip
+                                     watch_first_token=watch_first_token)
         return ticket
 
     def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, *,
-                  watch_first_token: bool = False) -> Ticket | None:  # fmt: skip
+                  watch_first_token: bool = False) -> Ticket | None:
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
         tenants = self._tenants  # None unless enabled is unset: then a pass-through while one tenant is served
         if self.cfg.enabled is False or (tenants is not None and not tenants.arrived(tenant, self._clock())):
@@ -143,7 +143,7 @@ class AdmissionQueue:
         return None
 
     async def wait(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
-                   deadline_s: float | None = None, *, watch_first_token: bool = False) -> Ticket:  # fmt: skip
+                   deadline_s: float | None = None, *, watch_first_token: bool = False) -> Ticket:
         """Queue the request until it may start; AdmissionRejected on a full queue or at the deadline."""
         deadline = self.cfg.deadline_s.for_class(route_class) if deadline_s is None else deadline_s
         loop = asyncio.get_running_loop()
@@ -211,7 +211,7 @@ class AdmissionQueue:
         if self.limit is not None:
             ceiling = min(ceiling, math.ceil(self.limit * cfg.reserve_max_fraction))
         return demand_reserve(self._under_arrivals.per_s(now), self._releases.per_s(now), cfg.reserve_miss,
-                              cfg.reserve_per_replica * n, ceiling)  # fmt: skip
+                              cfg.reserve_per_replica * n, ceiling)
 
     def _room(self, tenant: str, tokens: int) -> bool:
         limit = self.limit
@@ -242,13 +242,13 @@ class AdmissionQueue:
         drains at once, as the engine's own queue would have drained it)."""
         cfg, replicas = self.cfg, max(1, self.saturation.replicas)
         if (not cfg.over_share_prefills_per_replica or not len(self._prefills)
-                or len(self._sched) < cfg.max_waiting_per_replica * replicas):  # fmt: skip
+                or len(self._sched) < cfg.max_waiting_per_replica * replicas):
             return self._paced_until
         allowed = cfg.over_share_prefills_per_replica * replicas
         return max(self._paced_until, self._prefills.held_until(self._clock(), allowed))
 
     def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool,
-               watch: bool = False) -> Ticket:  # fmt: skip
+               watch: bool = False) -> Ticket:
         # Only while capped (saturated): the fast path below saturation pays nothing for it.
         over = self.limit is not None and not self._under_share(tenant, self.limit)
         self.in_flight += 1
@@ -375,11 +375,11 @@ class AdmissionQueue:
             w.future.set_exception(self._rejection(w.tenant, w.route_class, reason, self._clock() - w.enqueued_at))
 
     def _rejection(self, tenant: str, route_class: RouteClass, reason: RejectReason,
-                   waited_s: float = 0.0) -> AdmissionRejected:  # fmt: skip
+                   waited_s: float = 0.0) -> AdmissionRejected:
         key = (tenant, reason)
         self.rejected[key] = self.rejected.get(key, 0) + 1
         return AdmissionRejected(self.retry_after_s(tenant, route_class), reason, tenant=tenant,
-                                 route_class=route_class, waited_s=waited_s)  # fmt: skip
+                                 route_class=route_class, waited_s=waited_s)
 
     def _abandon(self, w: _Waiter) -> None:
         if w.timer is not None:

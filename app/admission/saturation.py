@@ -109,4 +109,4 @@ def assess(replicas: Iterable[ReplicaLoad], cfg: AdmissionConfig, in_flight_toke
     if reason is None and cap is not None and in_flight_tokens >= cap:
         reason = "in_flight_tokens"
     return Saturation(reason is not None, reason, n, saturated, excess, queued, running, n > 0 and full == n,
-                      slots if declared else 0)  # fmt: skip
+                      slots if declared else 0)

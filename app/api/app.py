@@ -46,7 +46,7 @@ class GatewayApp:
     def __init__(
         self, api: FastAPI, inference: ASGIApp, paths: frozenset[str], stored: ASGIApp, connections: ConnectionGuard,
         access: ControlAccess | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.api = api
         self._inference = inference
         self._paths = paths
@@ -64,7 +64,7 @@ class GatewayApp:
         elif scope["type"] == "http" and (refusal := self._refusal(scope)) is not None:
             rid = request_id_from(headers_of(scope))
             await send_reply(send, Reply(refusal.status, {"content-type": "application/json", REQUEST_ID: rid},
-                                         refusal.body()), lambda: None)  # fmt: skip
+                                         refusal.body()), lambda: None)
         else:
             await self.api(scope, receive, send)
 
@@ -98,7 +98,7 @@ async def _enveloped(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -
         if started:
             raise
         await send_reply(send, Reply(500, {"content-type": "application/json", REQUEST_ID: rid},
-                                     internal_error(rid).body()), lambda: None)  # fmt: skip
+                                     internal_error(rid).body()), lambda: None)
 
 
 def create_app(cfg: GatewayConfig) -> GatewayApp:
@@ -142,7 +142,7 @@ def create_app(cfg: GatewayConfig) -> GatewayApp:
         card = cards.get(model_id)
         if card is None:
             body = error_body(f"The model `{model_id}` does not exist.", "invalid_request_error", "model",
-                              "model_not_found")  # fmt: skip
+                              "model_not_found")
             return Response(body, status_code=404, media_type="application/json")
         return _OrjsonResponse(card)
 
@@ -180,7 +180,7 @@ def create_app(cfg: GatewayConfig) -> GatewayApp:
         rid = request_id_from(request.headers)
         log.error("request %s: failed on %s", rid, request.url.path)
         return Response(internal_error(rid).body(), status_code=500, media_type="application/json",
-                        headers={REQUEST_ID: rid})  # fmt: skip
+                        headers={REQUEST_ID: rid})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -50,7 +50,7 @@ class ControlAccess:
         token = bearer_token(authorization)
         if token is None:
             return GatewayError(401, f"{path} needs an admin API key (Authorization: Bearer <key>).",
-                                code="invalid_api_key")  # fmt: skip
+                                code="invalid_api_key")
         if not self.admin_hashes or not keys_match(token, set(self.admin_hashes)):
             return GatewayError(403, f"This key may not read {path}.", type="permission_error", code="forbidden")
         return None

@@ -31,7 +31,7 @@ class Limits(Protocol):
 def raw_response(status: int, reason: bytes, body: bytes) -> bytes:
     """A whole JSON response written straight to the socket (then closed), for answers before the app runs."""
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, reason, len(body)) + body)  # fmt: skip
+            % (status, reason, len(body)) + body)
 
 
 def envelope(path: bytes, status: int, message: str, kind: str, code: str) -> bytes:

@@ -70,18 +70,18 @@ def single_credentials(raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
             api_key.append(value)
     if len(auth) > 1 or len(api_key) > 1:
         raise bad_request("The request has more than one Authorization or x-api-key header; send one.",
-                          code="duplicate_credentials")  # fmt: skip
+                          code="duplicate_credentials")
     if auth and api_key:
         token = bearer_token(auth[0].decode("latin-1"))
         if token is not None and token != api_key[0].decode("latin-1").strip():
             raise bad_request("The Authorization and x-api-key headers name different keys; send one.",
-                              code="duplicate_credentials")  # fmt: skip
+                              code="duplicate_credentials")
 
 
 def parse_request(
     path: str, raw: bytes, headers: dict[str, str], cfg: GatewayConfig, request_id: str,
     surface: Surface | None = None,
-) -> RequestContext:  # fmt: skip
+) -> RequestContext:
     """Validate an inference request body and build its context; raises GatewayError (400/404)."""
     started = time.perf_counter()
     surface = surface or SURFACES[path]

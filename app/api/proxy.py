@@ -37,19 +37,19 @@ def headers_of(scope: Scope) -> dict[str, str]:
 def internal_error(request_id: str) -> GatewayError:
     """500: an exception the request path did not expect (the log has it under the request id)."""
     return GatewayError(500, f"The gateway failed on this request (request id {request_id}).", type="server_error",
-                        code="internal_error")  # fmt: skip
+                        code="internal_error")
 
 
 def cut_at_drain() -> GatewayError:
     """503: the gateway is shutting down and its drain time ran out before this request finished."""
     return GatewayError(503, "The gateway shut down before this request finished; retry it.",
-                        type="service_unavailable", code="shutting_down", headers={"connection": "close"})  # fmt: skip
+                        type="service_unavailable", code="shutting_down", headers={"connection": "close"})
 
 
 def body_timeout(seconds: float) -> GatewayError:
     """408: the client did not send its whole body in time; the connection is closed after the answer."""
     return GatewayError(408, f"The request body did not arrive within {seconds:g} s.", code="request_timeout",
-                        headers={"connection": "close"})  # fmt: skip
+                        headers={"connection": "close"})
 
 
 async def _read_body(receive: Receive, headers: dict[str, str], limit: int, deadline_s: float) -> bytes:
@@ -170,7 +170,7 @@ class InferenceEndpoint:
                 ctx.error_type = ctx.error_type or "draining"
                 end = surface.stream_observer(ctx, ctx.model).ending(b"")  # the protocol's end marker ([DONE])
                 await _answer_failure(send, surface, request_id, cut_at_drain(), started=state["started"],
-                                      done=state["done"], end=end)  # fmt: skip
+                                      done=state["done"], end=end)
                 raise
             if main is not None:
                 main.uncancel()

@@ -83,7 +83,7 @@ class ConnectionGuard:
             listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client,
             write_timeout_s=listen.write_timeout_s, max_header_bytes=listen.max_header_bytes,
             max_header_count=listen.max_header_count, addresses=ClientAddresses.from_listen(listen),
-        )  # fmt: skip
+        )
 
     def admit(self, peer: str) -> bool:
         """Take one connection slot of `peer`; False (and nothing taken) when it holds all of them."""
@@ -117,27 +117,27 @@ def register_connection_metrics(meter: Meter, stats: ConnectionStats) -> None:
         "gateway.connections.timed_out", [timeouts], "{connection}",
         "Client connections closed (or answered 408) because headers or body did not arrive in time, or the "
         "client did not read its response (phase write)",
-    )  # fmt: skip
+    )
     meter.create_observable_counter(
         "gateway.connections.refused", [lambda o: [Observation(stats.refused)]], "{connection}",
         "Connections answered 503 because their client address held listen.max_connections_per_client",
-    )  # fmt: skip
+    )
     meter.create_observable_counter(
         "gateway.connections.headers_too_large", [lambda o: [Observation(stats.headers_too_large)]], "{connection}",
         "Connections answered 431 because their headers passed listen.max_header_bytes or max_header_count",
-    )  # fmt: skip
+    )
     meter.create_observable_gauge(
         "gateway.connections.open", [lambda o: [Observation(stats.open)]], "{connection}",
         "Client connections open now",
-    )  # fmt: skip
+    )
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     """The app a refused connection gets: one 503 in its API's envelope, then the connection closes."""
     body = envelope(scope.get("raw_path", b""), 503, "Too many open connections from this address.",
-                     "service_unavailable", "too_many_connections")  # fmt: skip
+                     "service_unavailable", "too_many_connections")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close"), (b"retry-after", b"1")]  # fmt: skip
+               (b"connection", b"close"), (b"retry-after", b"1")]
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

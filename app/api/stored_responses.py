@@ -35,7 +35,7 @@ class StoredResponseEndpoint:
             reply = await self._answer(scope, headers, request_id)
         except GatewayError as err:
             reply = Reply(err.status, {"content-type": "application/json", REQUEST_ID: request_id, **err.headers},
-                          err.body())  # fmt: skip
+                          err.body())
         await send_reply(send, reply, lambda: None)
 
     async def _answer(self, scope: Scope, headers: dict[str, str], request_id: str) -> Reply:

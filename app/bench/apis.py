@@ -31,7 +31,7 @@ _NOTHING: StreamStep = (None, False, None)
 def _split(chat: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     system = [str(m.get("content") or "") for m in chat.get("messages", []) if m.get("role") == "system"]
     turns = [{"role": m["role"], "content": m.get("content") or ""} for m in chat.get("messages", [])
-             if m.get("role") != "system"]  # fmt: skip
+             if m.get("role") != "system"]
     return ("\n".join(system) if system else None), turns
 
 
@@ -55,7 +55,7 @@ def to_body(api: str, chat: dict[str, Any]) -> dict[str, Any]:
             body["max_output_tokens"] = max_tokens
         if "tools" in chat:
             body["tools"] = [{"type": "function", "name": f.get("name"), "description": f.get("description"),
-                              "parameters": f.get("parameters")} for f in _functions(chat)]  # fmt: skip
+                              "parameters": f.get("parameters")} for f in _functions(chat)]
         if "tool_choice" in chat:
             body["tool_choice"] = chat["tool_choice"]
         return {**body, **rest}
@@ -69,7 +69,7 @@ def to_body(api: str, chat: dict[str, Any]) -> dict[str, Any]:
                 {"name": f.get("name"), "description": f.get("description"),
                  "input_schema": f.get("parameters") or {"type": "object"}}
                 for f in _functions(chat)
-            ]  # fmt: skip
+            ]
         if isinstance(chat.get("tool_choice"), str) and chat["tool_choice"] in _MESSAGES_TOOL_CHOICE:
             body["tool_choice"] = _MESSAGES_TOOL_CHOICE[chat["tool_choice"]]
         return {**body, **rest}

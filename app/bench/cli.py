@@ -61,7 +61,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("target")
     target.add_argument("--base-url", required=True, action="append",
                         help="OpenAI-compatible URL (gateway, kvgate sim, vLLM); repeat it for several gateway "
-                        "processes: sessions are spread over them, each session on one")  # fmt: skip
+                        "processes: sessions are spread over them, each session on one")
     target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="API key for one tenant (default: $OPENAI_API_KEY)")
     target.add_argument("--api-keys", default=None, help="comma-separated keys; sessions spread over them")

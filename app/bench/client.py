@@ -45,7 +45,7 @@ class BenchClient:
     """Sends BenchRequests to an OpenAI-compatible API; create inside a running loop, close when done."""
 
     def __init__(self, base_url: str, connections: int, timeout_s: float, api: str = "chat",
-                 more_base_urls: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 more_base_urls: tuple[str, ...] = ()) -> None:
         if api not in PATHS:
             raise ValueError(f"unknown api {api!r}")
         self.root = api_root(base_url)

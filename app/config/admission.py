@@ -58,7 +58,7 @@ class AdmissionConfig(StrictModel):
         0.25, gt=0, le=1,
         description="The reserve never exceeds this fraction of the pool's cap (rounded up): the flood keeps the "
         "rest (on 4 slots: 1 reserved, 3 for the flood; on 64: reserve_max_per_replica decides).",
-    )  # fmt: skip
+    )
     pace_over_share: float = Field(2.0, ge=0, description=(
         "While capped, requests of tenants over their share start at most this many times as fast as slots free "
         "up, evenly spaced (0: off): the engine then never gets a burst of their prefills in one step."))

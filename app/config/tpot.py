@@ -20,19 +20,19 @@ class TpotSettings(StrictModel):
         0.15, ge=0.0, lt=1.0,
         description="A request (or a session) leaves the pool it would use for another only when the other's "
         "predicted time is lower by this fraction: predictions that are close do not move traffic back and forth.",
-    )  # fmt: skip
+    )
     min_samples: int = Field(
         3, ge=1, description="Scrape intervals with decode steps a pool needs before its step-time fit is used."
     )
     window: int = Field(
         96, ge=8, le=1024,
         description="(decode batch, step time) points kept per pool for the fit; older ones are dropped.",
-    )  # fmt: skip
+    )
     sessions: int = Field(
         8192, ge=0,
         description="Sessions (routing-key hashes, no content) whose last pool is remembered for affinity: a "
         "session moves only when the gain beats the prefill of its cached prefix on the pool it leaves.",
-    )  # fmt: skip
+    )
     prior_streams: float = Field(
         8.0,
         gt=0.0,

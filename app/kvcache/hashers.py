@@ -154,4 +154,4 @@ class BlockHashers:
                 "Run them with one --block-size and --prefix-caching-hash-algo sha256_cbor (or sha256), or give "
                 "the pool's policy block_size / hash_algo.",
                 model, what, detail,
-            )  # fmt: skip
+            )

@@ -29,7 +29,7 @@ def register_kv_metrics(meter: Meter, hub: KvEventsHub) -> None:
                 ("duplicate", stats.duplicates), ("decode_error", stats.decode_errors),
                 ("skipped_event", stats.skipped_events), ("restart", stats.restarts),
                 ("replay_failure", stats.replay_failures), ("unrecoverable", stats.unrecoverable),
-            ):  # fmt: skip
+            ):
                 yield Observation(value, {"replica": url, "kind": kind})
 
     for spec, callback in (

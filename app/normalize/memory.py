@@ -77,7 +77,7 @@ class TenantMemory:
     __slots__ = (
         "_capacity", "_fingerprints", "_forget", "_positional", "_publish", "_shapes", "_shared", "_spans", "_static",
         "_static_rules", "fingerprint_key", "variation",
-    )  # fmt: skip
+    )
 
     def __init__(self, capacity: int, fingerprint_key: bytes = b"") -> None:
         self._capacity = capacity

@@ -62,7 +62,7 @@ def salt_secret_problem(secret: str, host: str) -> str | None:
         return None
     return (f"normalize.salt_secret is the public default while listening on {host}: set it (e.g. "
             "KVGATE_NORMALIZE__SALT_SECRET=$(openssl rand -hex 32)) to a secret of your own; the default is "
-            "accepted only on a loopback address")  # fmt: skip
+            "accepted only on a loopback address")
 
 
 

@@ -144,7 +144,7 @@ def _with_intro(text: str, start: int, floor: int) -> int:
 
 
 def _close(out: list[Section], seen: dict[tuple[str, str], int], text: str, start: int, end: int, kind: str,
-           name: str) -> None:  # fmt: skip
+           name: str) -> None:
     while start < end and text[start] in " \t\r\n":
         start += 1
     while end > start and text[end - 1] in " \t\r\n":

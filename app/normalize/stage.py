@@ -109,7 +109,7 @@ def normalize(
         _place(texts, allowed, tenant_memory.variation, session, head_ok=first is not None)
         if SECTION in allowed and first is not None and first[0] == "messages" and isinstance(first[1], int):
             lifted = hoisted(body.get("messages"), first[1], tenant_memory.variation, session,
-                             tenant_memory.variation.plan(session))  # fmt: skip
+                             tenant_memory.variation.plan(session))
         any_moving = any(t.moving or t.sections for t in texts)
         to_tail = any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
         blocked = any_moving and (
@@ -143,7 +143,7 @@ def normalize(
         return body, NormalizeReport(
             mode="observe", moved=moved, tools_canonicalized=tools_changed, date_pinned=date_string is not None,
             to_head=to_head,
-        )  # fmt: skip
+        )
     if not moved and not tools_changed and date_string is None:
         return body, NormalizeReport(mode="on")
 

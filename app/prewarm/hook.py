@@ -27,4 +27,4 @@ class PrewarmRecord(PathHook):
         """Count the request's prefix for the pool it went to (its text is read only when its key is new)."""
         if ctx.route is not None and ctx.tenant is not None:
             self.prefixes.record(ctx.route.pool, ctx.tenant.id, ctx.routing_key, ctx.body, ctx.cache_salt,
-                                 ctx.surface, ctx.prompt)  # fmt: skip
+                                 ctx.surface, ctx.prompt)

@@ -55,7 +55,7 @@ class PrefixMemory:
         self.histories = HistoryBook(cfg.history_max_chars, cfg.history_budget_chars) if cfg.histories else None
 
     def record(self, pool: str, tenant: str, key: int, body: Mapping[str, Any], salt: str | None,
-               surface: Surface, view: PromptView | None = None) -> None:  # fmt: skip
+               surface: Surface, view: PromptView | None = None) -> None:
         """Count one request of `tenant` routed to `pool` (its prefix is read only when its key is new) and keep it
         as its key's latest history, sized by its prompt `view` (the surface's view of `body` if not given)."""
         slot = (pool, tenant)
@@ -86,7 +86,7 @@ class PrefixMemory:
         self._keep_history(pool, tenant, entry, body, surface, view)
 
     def _keep_history(self, pool: str, tenant: str, entry: Prefix, body: Mapping[str, Any], surface: Surface,
-                      view: PromptView | None) -> None:  # fmt: skip
+                      view: PromptView | None) -> None:
         # Only on the prefix's own surface (the replay renders as the key's requests do), and only what adds to it.
         if self.histories is None or surface is not entry.surface:
             return

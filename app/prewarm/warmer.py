@@ -237,7 +237,7 @@ class Prewarmer:
         assert self._session is not None
         # On the surface the prefix came in on, as its requests reach vLLM (served name, the tenant's salt).
         body = prefix.surface.upstream_body(request.body, served_model=served, priority=None,
-                                            cache_salt=prefix.salt)  # fmt: skip
+                                            cache_salt=prefix.salt)
         try:
             async with self._session.post(
                 url + request.path, data=orjson.dumps(body), headers={"content-type": "application/json"}
@@ -275,7 +275,7 @@ class Prewarmer:
         log.log(level, "prewarm pool=%s replica=%s result=%s planned=%d ok=%d histories=%d skipped=%d failed=%d "
                  "capped=%d prompt_tokens=%d cached_tokens=%d seconds=%.2f", replica.pool, replica.url, run.result,
                  run.planned, run.ok, run.histories, run.skipped, run.failed, run.capped, run.prompt_tokens,
-                 run.cached_tokens, seconds)  # fmt: skip
+                 run.cached_tokens, seconds)
         if span is not None:
             span.set_attributes({
                 "kvgate.pool": replica.pool, "server.address": replica.url, "kvgate.prewarm.result": run.result,
@@ -284,5 +284,5 @@ class Prewarmer:
                 "kvgate.prewarm.skipped": run.skipped, "kvgate.prewarm.failed": run.failed,
                 "kvgate.prewarm.capped": run.capped,
                 "kvgate.prewarm.prompt_tokens": run.prompt_tokens, "kvgate.prewarm.cached_tokens": run.cached_tokens,
-            })  # fmt: skip
+            })
             span.end()

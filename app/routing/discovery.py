@@ -295,7 +295,7 @@ class Discoverer:
                 pool.failing += 1
                 if pool.failing == 1 or pool.failing % 100 == 0:  # once per outage, then a reminder
                     log.warning("discovery for pool %s (%s) failed, keeping %d replica(s): %s",
-                                name, pool.source.description, len(pool.urls), result)  # fmt: skip
+                                name, pool.source.description, len(pool.urls), result)
                 continue
             if pool.failing:
                 log.warning("discovery for pool %s works again", name)
@@ -336,5 +336,5 @@ class Discoverer:
                 yield Observation(pool.changes, {"pool": name})
 
         for spec, callback in ((ins.DISCOVERY_REPLICAS, replicas), (ins.DISCOVERY_ERRORS, errors),
-                               (ins.DISCOVERY_CHANGES, changes)):  # fmt: skip
+                               (ins.DISCOVERY_CHANGES, changes)):
             ins.observe(meter, spec, callback)

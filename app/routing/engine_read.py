@@ -38,7 +38,7 @@ class Disagreements:
         log.warning(
             "pool %s replica %s: config %s=%s but the engine publishes %s; the config's value stays in force",
             pool, replica, key, configured, published,
-        )  # fmt: skip
+        )
         return True
 
     def counts(self) -> dict[tuple[str, str], int]:

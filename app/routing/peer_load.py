@@ -262,7 +262,7 @@ class PeerLoad:
         ins.observe(meter, ins.PEER_LOAD_PROCESSES, lambda o: [Observation(self.processes)])
         ins.observe(meter, ins.PEER_LOAD_IN_FORCE, lambda o: [Observation(int(self._in_force >= 0))])
         ins.observe(meter, ins.PEER_LOAD_EXCHANGES,
-                    lambda o: [Observation(n, {"outcome": k}) for k, n in self.exchanges.items()])  # fmt: skip
+                    lambda o: [Observation(n, {"outcome": k}) for k, n in self.exchanges.items()])
         ins.observe(meter, ins.PEER_LOAD_CLOCK_OFFSET, lambda o: [Observation(self.offset)])
 
     def _unavailable(self, err: StoreUnavailable) -> None:

@@ -36,7 +36,7 @@ def register_replica_metrics(
     meter.create_observable_counter(
         "gateway.replica.load_reports", [load_reports], "{report}",
         "vLLM endpoint-load-metrics reply headers, per replica: applied to its load, or unparsable",
-    )  # fmt: skip
+    )
     ins.observe(meter, ins.REPLICAS, states)
 
     def speculative(options: CallbackOptions) -> Iterable[Observation]:
@@ -48,4 +48,4 @@ def register_replica_metrics(
     if disagreements is not None:
         ins.observe(meter, ins.ENGINE_CONFIG_MISMATCHES, lambda o: [
             Observation(n, {"pool": pool, "key": key}) for (pool, key), n in disagreements.counts().items()
-        ])  # fmt: skip
+        ])

@@ -36,7 +36,7 @@ class Holder(NamedTuple):
 def response_not_found(response_id: str) -> GatewayError:
     """404 in the shape vLLM answers for an unknown response id."""
     return GatewayError(404, f"Response with id '{response_id}' not found.", param="response_id",
-                        code="response_not_found")  # fmt: skip
+                        code="response_not_found")
 
 
 def response_migrated(response_id: str) -> GatewayError:
@@ -46,7 +46,7 @@ def response_migrated(response_id: str) -> GatewayError:
         "no replica stores it whole, so it cannot be retrieved or continued with previous_response_id. "
         "Send the conversation as input instead.",
         param="response_id", code="response_not_stored",
-    )  # fmt: skip
+    )
 
 
 def holder_gone(response_id: str, replica: str) -> GatewayError:
@@ -55,7 +55,7 @@ def holder_gone(response_id: str, replica: str) -> GatewayError:
         503, f"Response '{response_id}' is held by replica {replica}, which is not available; "
         "its state cannot be moved to another replica.",
         type="service_unavailable", code="response_replica_unavailable",
-    )  # fmt: skip
+    )
 
 
 class ResponseRoutes:

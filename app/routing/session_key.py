@@ -64,7 +64,7 @@ def _metadata_session(body: Mapping[str, Any]) -> str | None:
 
 
 def session_key(headers: Mapping[str, str], body: Mapping[str, Any], view: PromptView, salt: str, *,
-                history: bool = True) -> SessionKey | None:  # fmt: skip
+                history: bool = True) -> SessionKey | None:
     """The request's session, or None when nothing names one (no client id, no user turn in the head)."""
     pck = body.get("prompt_cache_key")
     if isinstance(pck, str) and pck:

@@ -46,7 +46,7 @@ def overloaded(replica: ReplicaState, candidates: Sequence[ReplicaState], settin
 
 
 def route_session(policy: Policy, table: SessionTable, candidates: Sequence[ReplicaState], key: int,
-                  blocks: PromptBlocks | None, session: SessionKey) -> Selection:  # fmt: skip
+                  blocks: PromptBlocks | None, session: SessionKey) -> Selection:
     """The session's replica (`session_home`), a new session's placement (`session_new`) or, when its replica is
     gone or overloaded, the pool policy's pick among the others (`session_moved`)."""
     settings = table.settings

@@ -298,7 +298,7 @@ class PoolState:
     __slots__ = ("cfg", "name", "policy", "replicas", "sessions", "unsupported_params")
 
     def __init__(self, name: str, cfg: PoolConfig, replicas: list[ReplicaState], policy: Policy,
-                 sessions: SessionTable | None = None) -> None:  # fmt: skip
+                 sessions: SessionTable | None = None) -> None:
         self.name = name
         self.cfg = cfg
         self.replicas = replicas

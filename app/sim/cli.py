@@ -21,14 +21,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="default: the profile's")
     p.add_argument("--speculative", default=None, metavar="ngram:K:ACCEPT[:DRAFT]",
                    help="speculative decoding: K draft tokens, each accepted with probability ACCEPT; "
-                        "DRAFT (default 1) = share of steps where the proposer has a draft")  # fmt: skip
+                        "DRAFT (default 1) = share of steps where the proposer has a draft")
     p.add_argument("--spec-accept-when", action="append", default=[], metavar="MARKER=ACCEPT",
                    help="a request whose body contains MARKER accepts drafts with probability ACCEPT (repeatable; "
-                        "first match wins; others use --speculative's ACCEPT)")  # fmt: skip
+                        "first match wins; others use --speculative's ACCEPT)")
     p.add_argument("--time-scale", type=float, default=1.0, help="run the clock X times faster")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a model folder (tokenizer.json + chat template: chat prompts tokenized as the gateway "
-                        "predicts them) or a tokenizer.json (default: built-in scheme)")  # fmt: skip
+                        "predicts them) or a tokenizer.json (default: built-in scheme)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-trace", action="store_true",
                    help="record every engine step and each request's first token; GET /sim/step_trace returns them")
@@ -37,29 +37,29 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="add max_num_seqs to vllm:cache_config_info (vLLM 0.32 publishes it nowhere)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--no-enable-prompt-tokens-details", dest="enable_prompt_tokens_details",
-                   action="store_false", help="omit usage.prompt_tokens_details (vLLM's default)")  # fmt: skip
+                   action="store_false", help="omit usage.prompt_tokens_details (vLLM's default)")
     p.add_argument("--mean-output-tokens", type=int, default=256, help="mean natural length without ignore_eos")
     p.add_argument("--no-default-system-prompt", dest="default_system_prompt", action="store_false",
-                   help="do not insert SmolLM2's default system turn")  # fmt: skip
+                   help="do not insert SmolLM2's default system turn")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help="accept tools with tool_choice auto (as vLLM; needs --tool-call-parser too)")  # fmt: skip
+                   help="accept tools with tool_choice auto (as vLLM; needs --tool-call-parser too)")
     p.add_argument("--tool-call-parser", default=None, help="accepted as in vLLM (e.g. hermes)")
     p.add_argument("--no-render-tools", dest="render_tools", action="store_false",
-                   help="drop `tools` from the prompt, as SmolLM2's own chat template does")  # fmt: skip
+                   help="drop `tools` from the prompt, as SmolLM2's own chat template does")
     p.add_argument("--enable-responses-store", action="store_true",
                    help="keep /v1/responses results for GET, cancel, previous_response_id and background mode "
-                        "(vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)")  # fmt: skip
+                        "(vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)")
     p.add_argument("--prefix-caching-hash-algo", choices=["sha256_cbor", "sha256"], default="sha256_cbor",
-                   help="block hash as vLLM computes it (sha256_cbor: reproducible outside Python)")  # fmt: skip
+                   help="block hash as vLLM computes it (sha256_cbor: reproducible outside Python)")
     p.add_argument("--kv-events", default=None, metavar="ENDPOINT",
                    help="publish vLLM KV-cache events on this ZMQ PUB endpoint (tcp://*:5557 binds, "
-                        "tcp://host:port connects, as vLLM's --kv-events-config endpoint)")  # fmt: skip
+                        "tcp://host:port connects, as vLLM's --kv-events-config endpoint)")
     p.add_argument("--kv-replay", default=None, metavar="ENDPOINT",
                    help="ROUTER endpoint answering replay requests (vLLM's replay_endpoint), e.g. tcp://*:5558")
     p.add_argument("--kv-topic", default="", help="topic frame of every KV-event message (vLLM's topic)")
     p.add_argument("--kv-buffer-steps", type=int, default=10_000, help="event batches kept for replay")
     p.add_argument("--no-enable-scale-out", dest="enable_scale_out", action="store_false",
-                   help="answer the render endpoints 403, as vLLM does without --enable-scale-out")  # fmt: skip
+                   help="answer the render endpoints 403, as vLLM does without --enable-scale-out")
     p.add_argument("--fail-marker", default=None, metavar="TEXT",
                    help="answer 500 to every POST whose body contains TEXT (a deterministic per-body fault)")
     p.add_argument("--log-level", default="warning")

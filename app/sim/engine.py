@@ -175,7 +175,7 @@ class Engine:
         eos_at = None if ignore_eos else 1 + int(rng.expovariate(1.0 / max(self.config.mean_output_tokens, 1)))
         k = len(resume)
         if seed is not None and k and all(self.out_ids[(offset + j) % OUTPUT_TABLE_LEN] == t
-                                          for j, t in enumerate(resume)):  # fmt: skip
+                                          for j, t in enumerate(resume)):
             offset = (offset + k) % OUTPUT_TABLE_LEN
             eos_at = None if eos_at is None else max(eos_at - k, 1)
         return offset, eos_at
@@ -337,7 +337,7 @@ class Engine:
 
     def _trace_step(self, trace: StepTrace, index: int, prefills: list[SimRequest],
                     produced: list[tuple[SimRequest, int]], times: tuple[float, float, float, float],
-                    cost: StepCost) -> None:  # fmt: skip
+                    cost: StepCost) -> None:
         scheduled_at, start, modeled_s, ended_at = times
         for req in prefills:
             trace.scheduled(id(req), index, scheduled_at, max(req.cached_tokens, 0))
@@ -345,7 +345,7 @@ class Engine:
             if req.num_output == count:
                 trace.first_token(id(req), index, ended_at)
         trace.step(index, scheduled_at, start, modeled_s, ended_at, len(prefills), cost.prefill_tokens,
-                   cost.decode_seqs, len(self.scheduler.waiting))  # fmt: skip
+                   cost.decode_seqs, len(self.scheduler.waiting))
 
     def _streams_of(self, req: SimRequest) -> list[OutputStream]:
         emit = req.emit

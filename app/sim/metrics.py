@@ -12,11 +12,11 @@ from app.sim.scheduler import Scheduler
 
 # Bucket edges as vllm/v1/metrics/buckets.py (0.32) defines them.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)  # fmt: skip
+               20.0, 40.0, 80.0)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -89,46 +89,46 @@ class EngineMetrics:
         self.lateness_s = 0.0  # sim-only: how far steps ran past their modeled end (CPU saturation)
         self.modeled_s = 0.0
         self.ttft = Histogram("vllm:time_to_first_token_seconds",
-                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)  # fmt: skip
+                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.itl = Histogram("vllm:inter_token_latency_seconds",
-                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)  # fmt: skip
+                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
         self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
-                              "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)  # fmt: skip
+                              "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds",
-                             "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                             "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)
         self.queue = Histogram("vllm:request_queue_time_seconds",
                                "Histogram of time spent in WAITING phase for request.",
-                               REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                               REQUEST_LATENCY_BUCKETS)
         self.inference = Histogram("vllm:request_inference_time_seconds",
                                    "Histogram of time spent in RUNNING phase for request.",
-                                   REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                                   REQUEST_LATENCY_BUCKETS)
         self.prefill = Histogram("vllm:request_prefill_time_seconds",
                                  "Histogram of time spent in PREFILL phase for request.",
-                                 REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                                 REQUEST_LATENCY_BUCKETS)
         self.decode = Histogram("vllm:request_decode_time_seconds",
                                 "Histogram of time spent in DECODE phase for request.",
-                                REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                                REQUEST_LATENCY_BUCKETS)
         tok = request_tokens_buckets(max_model_len)
         self.req_prompt = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok)
         self.req_gen = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tok)
         self.req_max_tokens = Histogram("vllm:request_params_max_tokens",
-                                        "Histogram of the max_tokens request parameter.", tok)  # fmt: skip
+                                        "Histogram of the max_tokens request parameter.", tok)
         self.req_kv_computed = Histogram(
             "vllm:request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
             tok,
         )
         self.iteration = Histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                   ITERATION_TOKENS_BUCKETS)  # fmt: skip
+                                   ITERATION_TOKENS_BUCKETS)
         self.req_preemptions = Histogram("vllm:request_num_preemptions",
                                          "Histogram of the number of times a request was preempted.",
-                                         REQUEST_NUM_PREEMPTIONS_BUCKETS)  # fmt: skip
+                                         REQUEST_NUM_PREEMPTIONS_BUCKETS)
 
     def histograms(self) -> tuple[Histogram, ...]:
         """All histograms in exposition order."""
         return (self.req_prompt, self.req_gen, self.iteration, self.req_max_tokens, self.ttft, self.itl, self.tpot,
                 self.e2e, self.queue, self.inference, self.prefill, self.decode, self.req_preemptions,
-                self.req_kv_computed)  # fmt: skip
+                self.req_kv_computed)
 
     def render(self, sched: Scheduler, *, spec_enabled: bool, cache_info: dict[str, str]) -> str:
         """Prometheus text as vLLM 0.32 exposes it: counters as `<name>_total` families with `_created` gauges."""
@@ -159,21 +159,21 @@ class EngineMetrics:
             counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", {"": c.spec_draft_tokens})
             counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", {"": c.spec_accepted})
             counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
-                    {str(i): n for i, n in enumerate(c.spec_accepted_per_pos)}, "position")  # fmt: skip
+                    {str(i): n for i, n in enumerate(c.spec_accepted_per_pos)}, "position")
         gauge("vllm:num_requests_running", "Number of requests in model execution batches.", len(sched.running))
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", len(sched.waiting))
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", sched.pool.usage())
         counter("vllm:prefix_cache_queries",
-                "Prefix cache queries, in terms of number of queried tokens.", {"": c.prefix_queries})  # fmt: skip
+                "Prefix cache queries, in terms of number of queried tokens.", {"": c.prefix_queries})
         counter("vllm:prefix_cache_hits",
-                "Prefix cache hits, in terms of number of cached tokens.", {"": c.prefix_hits})  # fmt: skip
+                "Prefix cache hits, in terms of number of cached tokens.", {"": c.prefix_hits})
         counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", {"": c.preemptions})
         counter("vllm:prompt_tokens", "Number of prefill tokens processed.", {"": self.prompt_tokens})
         counter("vllm:prompt_tokens_cached",
-                "Number of cached prompt tokens (local + external).", {"": self.prompt_tokens_cached})  # fmt: skip
+                "Number of cached prompt tokens (local + external).", {"": self.prompt_tokens_cached})
         counter("vllm:generation_tokens", "Number of generation tokens processed.", {"": self.generation_tokens})
         counter("vllm:request_success", "Count of successfully processed requests.",
-                dict(self.success), "finished_reason")  # fmt: skip
+                dict(self.success), "finished_reason")
         for h in self.histograms():
             h.render(base, self.created, out)
         out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
@@ -185,6 +185,6 @@ class EngineMetrics:
         gauge("kvgate_sim_steps", "Sim only: engine steps run.", c.steps)
         gauge("kvgate_sim_step_lateness_seconds",
               "Sim only: total time steps ran past their modeled end (host CPU saturation).",
-              self.lateness_s)  # fmt: skip
+              self.lateness_s)
         gauge("kvgate_sim_modeled_step_seconds", "Sim only: total modeled step time.", self.modeled_s)
         return "\n".join(out) + "\n"

@@ -50,7 +50,7 @@ def json_decode_error(raw: bytes) -> SimHTTPError:
     except (UnicodeDecodeError, ValueError):
         reason, pos = "Invalid JSON", 0
     detail = {"type": "json_invalid", "loc": f"body.{pos}", "msg": "JSON decode error",
-              "input": "<dict of 0 items>", "ctx": {"error": reason}}  # fmt: skip
+              "input": "<dict of 0 items>", "ctx": {"error": reason}}
     return SimHTTPError(400, f"1 validation error:\n  {detail}", "Bad Request", f"body.{pos}")
 
 

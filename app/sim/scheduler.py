@@ -223,7 +223,7 @@ class Scheduler:
                 pairs += s.num_new * (r.num_computed + s.num_new // 2)
                 ctx += r.num_computed
         return StepCost(prefill_tokens=prefill, decode_seqs=decode, kv_tokens=kv, draft_tokens=drafts,
-                        prefill_pairs=pairs, prefill_ctx_tokens=ctx)  # fmt: skip
+                        prefill_pairs=pairs, prefill_ctx_tokens=ctx)
 
     # ------------------------------------------------------------- apply step
     def finish_step(
@@ -294,5 +294,5 @@ class Scheduler:
             self.pool.cache_blocks(
                 blocks[lo:hi], hashes[lo:hi], first=lo, parent=hashes[lo - 1] if lo else None,
                 tokens=req.tokens, salt=req.salt,
-            )  # fmt: skip
+            )
         req.num_cached_blocks = full

@@ -251,7 +251,7 @@ def create_sim_app(options: SimOptions) -> Starlette:
                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                 "organization": "*", "group": None, "is_blocking": False,
             }],
-        }  # fmt: skip
+        }
         return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
 
     async def metrics(_: Request) -> Response:
@@ -301,7 +301,7 @@ def create_sim_app(options: SimOptions) -> Starlette:
     ]
     app = _SimStarlette(routes=routes, lifespan=lifespan)
     app.fast_routes = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/responses": responses,
-                       "/v1/messages": messages}  # fmt: skip
+                       "/v1/messages": messages}
     app.state.sim = st
     if options.fail_marker:
         app.faults = FailMarker(app.serve, options.fail_marker)

@@ -34,7 +34,7 @@ class StepTrace:
     def enqueued(self, req_id: int, rid: str, arrival: float, at: float, prompt_tokens: int) -> None:
         """A request reached the engine queue at `at` (it arrived at the API server at `arrival`)."""
         rec = {"rid": rid, "arrival": arrival, "enqueued": at, "prompt": prompt_tokens,
-               "step": None, "scheduled": None, "cached": None, "first_step": None, "first_token": None}  # fmt: skip
+               "step": None, "scheduled": None, "cached": None, "first_step": None, "first_token": None}
         self._open[req_id] = rec
         self.requests.append(rec)
 
@@ -55,14 +55,14 @@ class StepTrace:
         self._open.pop(req_id, None)
 
     def step(self, index: int, scheduled_at: float, start: float, modeled_s: float, ended_at: float,
-             prefills: int, prefill_tokens: int, decodes: int, waiting: int) -> None:  # fmt: skip
+             prefills: int, prefill_tokens: int, decodes: int, waiting: int) -> None:
         """One engine step (wall seconds except `modeled_s`, the profile's duration before the time scale)."""
         self.steps.append((index, scheduled_at, start, modeled_s, ended_at, prefills, prefill_tokens, decodes,
-                           waiting))  # fmt: skip
+                           waiting))
 
     def snapshot(self, time_scale: float) -> dict[str, Any]:
         """Everything recorded, JSON-ready."""
         cols = ["index", "scheduled_at", "start", "modeled_s", "ended_at", "prefills", "prefill_tokens",
-                "decodes", "waiting"]  # fmt: skip
+                "decodes", "waiting"]
         return {"time_scale": time_scale, "step_columns": cols, "steps": list(self.steps),
-                "requests": list(self.requests)}  # fmt: skip
+                "requests": list(self.requests)}

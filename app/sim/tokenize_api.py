@@ -61,7 +61,7 @@ async def _object(request: Request) -> dict[str, Any]:
         size = f"<{kind} of {len(body)} items>" if isinstance(body, list | str) else repr(body)
         raise validation_error([{"type": "model_attributes_type", "loc": "body",
                                  "msg": "Input should be a valid dictionary or object to extract fields from",
-                                 "input": size}])  # fmt: skip
+                                 "input": size}])
     return body
 
 
@@ -70,7 +70,7 @@ def _check_model(st: SimState, body: dict[str, Any]) -> None:
     served = st.options.model
     if model is not None and model != served:
         raise SimHTTPError(404, f"The model `{model}` does not exist. Valid aliases: {served}.", "NotFoundError",
-                           "model")  # fmt: skip
+                           "model")
 
 
 class TokenizeApi:
@@ -127,7 +127,7 @@ class TokenizeApi:
                     raise _invalid("int_type", f"body.tokens.{i}", "Input should be a valid integer", repr(t))
                 if t < 0:
                     raise _invalid("greater_than_equal", f"body.tokens.{i}",
-                                   "Input should be greater than or equal to 0", str(t), ge=0)  # fmt: skip
+                                   "Input should be greater than or equal to 0", str(t), ge=0)
             _check_model(st, body)
         except SimHTTPError as e:
             return _error(e)

@@ -41,7 +41,7 @@ def usage(
          "multimodal_tokens": None}
         if details
         else None
-    )  # fmt: skip
+    )
     u["completion_tokens_details"] = None
     return u
 
@@ -65,7 +65,7 @@ class _Chunks:
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.rid, "object": self.object_name, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
+                "choices": choices}
 
     def usage_chunk(self, use: dict[str, Any]) -> bytes:
         """The include_usage chunk: `choices: []`, the usage, the fingerprint."""
@@ -101,7 +101,7 @@ class ChatChunks(_Chunks):
     def delta(self, index: int, text: str, finish_reason: str | None, use: dict[str, Any] | None) -> bytes:
         """A delta with optional finish_reason and continuous usage."""
         choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "logprobs": None,
-                                  "finish_reason": finish_reason}  # fmt: skip
+                                  "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["stop_reason"] = None
         choice["token_ids"] = None
@@ -135,7 +135,7 @@ class CompletionChunks(_Chunks):
     def delta(self, index: int, text: str, finish_reason: str | None, use: dict[str, Any] | None) -> bytes:
         """A delta with optional finish_reason and continuous usage."""
         obj = self._envelope([{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                               "stop_reason": None, "prompt_token_ids": None, "token_ids": None}])  # fmt: skip
+                               "stop_reason": None, "prompt_token_ids": None, "token_ids": None}])
         if use is not None:
             obj["usage"] = use
         return sse(obj)
@@ -156,7 +156,7 @@ def chat_response(
         "service_tier": None, "system_fingerprint": system_fingerprint(model), "usage": use,
         "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
         "ec_transfer_params": None, "metrics": None,
-    })  # fmt: skip
+    })
 
 
 def completion_response(
@@ -172,4 +172,4 @@ def completion_response(
         ],
         "service_tier": None, "system_fingerprint": system_fingerprint(model), "usage": use,
         "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
-    })  # fmt: skip
+    })

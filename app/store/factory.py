@@ -15,4 +15,4 @@ def create_store(cfg: StoreConfig) -> Store:
     return RedisStore(
         cfg.url, cfg.key_prefix, socket_timeout_s=cfg.socket_timeout_s, cooldown_s=cfg.cooldown_s,
         max_connections=cfg.max_connections,
-    )  # fmt: skip
+    )

@@ -193,7 +193,7 @@ def leading_then_user(items: Any, leading_roles: frozenset[str]) -> list[dict[st
 
 
 def warm_within(path: str, body: Mapping[str, Any], out: dict[str, Any], fields: tuple[str, ...], chars: int,
-                max_chars: int) -> WarmRequest | None:  # fmt: skip
+                max_chars: int) -> WarmRequest | None:
     """`out` plus the `fields` of `body` that are set, as a WarmRequest to `path`, if the prefix (`chars` of text
     plus the tools' JSON) is at most `max_chars`."""
     for name in fields:

@@ -124,7 +124,7 @@ class ChunkObserver:
                  or (event.startswith(_FINISH_NULL, i) and event.find(_FINISH, i + _FINISH_NULL_LEN) < 0))
             and b'"error"' not in event
             and (_USAGE not in event or event.count(_USAGE) == event.count(_USAGE_NULL))
-        ):  # fmt: skip
+        ):
             self.delivered += 1
             if self._model is None:
                 return event
@@ -273,12 +273,12 @@ class OpenAISurface:
         if not isinstance(doc, dict):
             text = body[:_UPSTREAM_TEXT].decode("utf-8", "replace").strip()
             return error_body(f"The engine answered {status}: {text}" if text else f"The engine answered {status}.",
-                              "invalid_request_error", None, "upstream_error")  # fmt: skip
+                              "invalid_request_error", None, "upstream_error")
         if "error" in doc or not isinstance(doc.get("detail"), str):
             return body
         if status == 404:
             return error_body(f"This model's replicas do not serve {self.name}.", "invalid_request_error", None,
-                              "unknown_url")  # fmt: skip
+                              "unknown_url")
         return error_body(doc["detail"], "invalid_request_error")
 
     def stream_observer(self, ctx: Exchange, served: str) -> StreamObserver:

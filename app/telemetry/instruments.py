@@ -24,7 +24,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 OVERHEAD_BUCKETS = (
     0.00005, 0.0001, 0.00015, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003,
     0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-)  # fmt: skip
+)
 
 # Admission waits: none below saturation, up to a bulk deadline (30 s by default) when saturated.
 QUEUE_WAIT_BUCKETS = (0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -37,7 +37,7 @@ TENANT_COST = MetricSpec(
 TENANT_SAVINGS = MetricSpec(
     "gateway.tenant.savings", "usd", "USD saved against the tenant's reference price (requests that saved)",
     ("tenant", "pool"),
-)  # fmt: skip
+)
 POOL_IDLE_COST = MetricSpec(
     "gateway.pool.idle_cost", "usd", "Pool GPU USD not covered by charges (monotone)", ("pool",)
 )
@@ -45,18 +45,18 @@ POOL_GPU_COST = MetricSpec("gateway.pool.gpu_cost", "usd", "Pool GPU USD since t
 TENANT_TOKENS = MetricSpec(
     "gateway.tenant.tokens", "{token}", "Tokens by tenant, pool and type (uncached/cached/output)",
     ("tenant", "pool", "type"),
-)  # fmt: skip
+)
 REQUESTS = MetricSpec(
     "gateway.requests", "{request}", "Requests by tenant, pool, class, HTTP status and API surface",
     ("tenant", "pool", "class", "status", "api"),
-)  # fmt: skip
+)
 RATE_LIMITED = MetricSpec(
     "gateway.rate_limited", "{request}", "Requests over a limit, by limit and action", ("tenant", "limit", "action")
 )
 ROUTE_DECISIONS = MetricSpec(
     "gateway.route.decisions", "{decision}", "Routing decisions by pool, class, policy and reason",
     ("pool", "class", "policy", "reason"),
-)  # fmt: skip
+)
 NORMALIZE_MOVED = MetricSpec(
     "gateway.normalize.moved_spans", "{span}", "Volatile spans moved to the tail, by rule", ("rule", "tenant")
 )
@@ -64,36 +64,36 @@ MIGRATIONS = MetricSpec(
     "gateway.stream.migrations", "{stream}",
     "Streams whose replica failed midway, by outcome (migrated, or why not: n, logprobs, tool_call, …)",
     ("pool", "outcome"),
-)  # fmt: skip
+)
 OVERHEAD = MetricSpec(
     "gateway.overhead", "s", "Gateway time per request excluding upstream time", ("pool", "stream"),
     OVERHEAD_BUCKETS,
-)  # fmt: skip
+)
 QUEUE_WAIT = MetricSpec(
     "gateway.queue.wait", "s", "Time a request waited in its pool's admission queue (0: started at once)",
     ("pool", "tenant", "class"), QUEUE_WAIT_BUCKETS,
-)  # fmt: skip
+)
 QUEUE_TOKENS = MetricSpec(
     "gateway.queue.tokens", "{token}",
     "Tokens (uncached prompt + output) of requests admitted through a pool's admission queue, by tenant: "
     "the currency of its fair share", ("pool", "tenant"),
-)  # fmt: skip
+)
 TOKEN_USAGE = MetricSpec(
     "gen_ai.client.token.usage", "{token}", "Tokens per upstream call",
     ("gen_ai.token.type", *_GENAI, "gen_ai.provider.name", "kvgate.pool", "kvgate.tenant"), TOKEN_BUCKETS,
-)  # fmt: skip
+)
 OPERATION_DURATION = MetricSpec(
     "gen_ai.client.operation.duration", "s", "Upstream call duration",
     (*_GENAI, "gen_ai.provider.name", "error.type", "kvgate.pool", "kvgate.class"), DURATION_BUCKETS,
-)  # fmt: skip
+)
 TIME_TO_FIRST_TOKEN = MetricSpec(
     "gen_ai.server.time_to_first_token", "s", "Time to first token (streams)",
     (*_GENAI, "kvgate.pool", "kvgate.class"), TTFT_BUCKETS,
-)  # fmt: skip
+)
 TIME_PER_OUTPUT_TOKEN = MetricSpec(
     "gen_ai.server.time_per_output_token", "s", "Time per output token after the first (streams)",
     (*_GENAI, "kvgate.pool", "kvgate.class"), TPOT_BUCKETS,
-)  # fmt: skip
+)
 
 # Only seen with an admission queue enabled on some pool (pools.<p>.admission).
 QUEUE_METRICS = (QUEUE_WAIT, QUEUE_TOKENS)
@@ -102,7 +102,7 @@ ALL_METRICS = (
     TENANT_COST, TENANT_SAVINGS, POOL_IDLE_COST, POOL_GPU_COST, TENANT_TOKENS, REQUESTS, RATE_LIMITED,
     ROUTE_DECISIONS, NORMALIZE_MOVED, MIGRATIONS, OVERHEAD, QUEUE_WAIT, QUEUE_TOKENS, TOKEN_USAGE, OPERATION_DURATION,
     TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN,
-)  # fmt: skip
+)
 
 # Instruments the components owning the state register on the OTel meter themselves (observed at each
 # collection, or the pre-warmer's own counters), and their kind: the dashboards query them too. Unit "1" is
@@ -120,7 +120,7 @@ KV_EVENTS_LAG = MetricSpec("gateway.kv_events.lag", "s", "Age of the newest even
 KV_EVENTS_WHOLE = MetricSpec(
     "gateway.kv_events.whole", "", "1 while a replica's event view is complete (else kv_events falls back for it)",
     ("replica",),
-)  # fmt: skip
+)
 KV_EVENTS_INDEX_BLOCKS = MetricSpec("gateway.kv_events.index_blocks", "{block}", "Blocks in the gateway's KV index")
 KV_EVENTS_FALLBACKS = MetricSpec(
     "gateway.kv_events.fallbacks", "{pick}", "kv_events picks that fell back to prefix affinity"
@@ -132,7 +132,7 @@ KV_EVENTS_STREAM_ISSUES = MetricSpec(
     "gateway.kv_events.stream_issues", "{issue}",
     "A replica's event stream trouble by kind: duplicate, decode_error, skipped_event, restart, replay_failure, "
     "unrecoverable", ("replica", "kind"),
-)  # fmt: skip
+)
 KV_EVENTS_MAX_LAG = MetricSpec(
     "gateway.kv_events.max_lag", "s", "Largest age of an event batch on arrival since start", ("replica",)
 )
@@ -156,18 +156,18 @@ REPLICAS = MetricSpec(
     "gateway.pool.replicas", "{replica}",
     "Replicas of the pool by state in this process: serving, warming, breaker_open, breaker_half_open, "
     "unhealthy, joining", ("pool", "state"),
-)  # fmt: skip
+)
 ENGINE_SPECULATIVE = MetricSpec(
     "gateway.engine.speculative", "",
     "1 while the replica publishes vllm:spec_decode_* series (it speculates), 0 when it publishes none",
     ("pool", "replica"),
-)  # fmt: skip
+)
 ENGINE_CONFIG_MISMATCHES = MetricSpec(
     "gateway.engine.config_mismatches", "{replica}",
     "Replicas that publish a value the config contradicts (the config's stays in force), by pool and key: "
     "block_size, hash_algo, max_num_seqs, speculative",
     ("pool", "key"),
-)  # fmt: skip
+)
 PEER_LOAD_PROCESSES = MetricSpec(
     "gateway.peer_load.processes", "{process}", "Gateway processes in the last load snapshot (this one included)"
 )
@@ -178,11 +178,11 @@ PEER_LOAD_EXCHANGES = MetricSpec(
     "gateway.peer_load.exchanges", "{exchange}",
     "Load exchanges by outcome: shared, alone, late (after the snapshot's instant), store_unavailable, failed",
     ("outcome",),
-)  # fmt: skip
+)
 PEER_LOAD_CLOCK_OFFSET = MetricSpec(
     "gateway.peer_load.clock_offset", "s",
     "The store's clock minus this host's, as this process estimates it from its exchanges (0 until the first)",
-)  # fmt: skip
+)
 
 # (spec, kind): kind is counter | gauge | histogram, as the Prometheus exporters type the family.
 METER_METRICS = (
@@ -194,7 +194,7 @@ METER_METRICS = (
     (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"), (REPLICAS, "gauge"),
     (PEER_LOAD_PROCESSES, "gauge"), (PEER_LOAD_IN_FORCE, "gauge"), (PEER_LOAD_EXCHANGES, "counter"),
     (PEER_LOAD_CLOCK_OFFSET, "gauge"), (ENGINE_SPECULATIVE, "gauge"), (ENGINE_CONFIG_MISMATCHES, "counter"),
-)  # fmt: skip
+)
 _METER_KINDS = {spec.name: kind for spec, kind in METER_METRICS}
 
 

@@ -110,7 +110,7 @@ class Telemetry:
             span = self._tracer.start_span(
                 sp.server_span_name(ctx), context=parent, kind=SpanKind.SERVER,
                 attributes=sp.server_start_attributes(ctx),
-            )  # fmt: skip
+            )
             if len(self._open) >= _MAX_OPEN:
                 self._evict_oldest()
             self._open[ctx.request_id] = _Open(span)
@@ -146,7 +146,7 @@ class Telemetry:
             span = self._tracer.start_span(
                 sp.client_span_name(ctx.operation, served), context=parent, kind=SpanKind.CLIENT,
                 attributes=attrs,
-            )  # fmt: skip
+            )
             open_.client = span
             self._propagator.inject(headers, context=set_span_in_context(span))
         except Exception:

@@ -109,7 +109,7 @@ def build_providers(
     return Providers(
         tracer_provider=tracer_provider, meter_provider=meter_provider, prometheus_registry=registry,
         resource=resource, tracing=tracing, readers=readers, otlp_metric_reader=otlp_reader,
-    )  # fmt: skip
+    )
 
 
 def merge_store(providers: Providers, produce: Callable[[], list[Metric]]) -> None:

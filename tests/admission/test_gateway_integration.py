@@ -43,7 +43,7 @@ def gateway_on_sim(admission: dict[str, Any], **sim: Any) -> Iterator[tuple[str,
             }},
             upstream={"connect_timeout_s": 1, "read_timeout_s": 30, "max_body_bytes": 65536, "retries": 0},
             routing={"probe_interval_s": 0.05, "healthy_after": 1, "unhealthy_after": 3},
-        )  # fmt: skip
+        )
         app = create_app(cfg)
         with serve_in_thread(app) as gw:
             yield gw, app.api.state.gateway
@@ -60,7 +60,7 @@ def long_request(base: str, results: list[Any], tokens: int = LONG, **kw: Any) -
         try:
             results.append(client(base).chat.completions.with_raw_response.create(
                 model=PUBLIC_MODEL, messages=MESSAGES, max_tokens=tokens, extra_body={"ignore_eos": True}, **kw,
-            ))  # fmt: skip
+            ))
         except Exception as e:  # kept for the assertion
             results.append(e)
 
@@ -93,7 +93,7 @@ def test_below_saturation_requests_pass_without_waiting_and_say_nothing_of_a_que
     with gateway_on_sim({}) as (base, gw):
         queue = gw.queues["main"]
         raw = client(base).chat.completions.with_raw_response.create(model=PUBLIC_MODEL, messages=MESSAGES,
-                                                                     max_tokens=4)  # fmt: skip
+                                                                     max_tokens=4)
         assert raw.http_response.status_code == 200
         assert "queued=" not in raw.headers["x-kvgate-route"]
         assert idle(queue) and not queue.waits
@@ -105,7 +105,7 @@ def test_a_request_that_cannot_start_within_its_deadline_gets_429_with_retry_aft
         results: list[Any] = []
         threads = saturate(base, queue, results)
         r = httpx.post(f"{base}/v1/chat/completions", json={"model": PUBLIC_MODEL, "messages": MESSAGES,
-                                                             "max_tokens": 4}, timeout=10)  # fmt: skip
+                                                             "max_tokens": 4}, timeout=10)
         assert r.status_code == 429
         assert int(r.headers["retry-after"]) >= 1
         assert r.headers["x-kvgate-limit"] == "rejected:queue"
@@ -176,7 +176,7 @@ def test_a_client_that_leaves_while_queued_leaves_nothing_behind() -> None:
         assert queue.served_tokens["anonymous"] == pytest.approx(sum(
             x.parse().usage.prompt_tokens - (x.parse().usage.prompt_tokens_details.cached_tokens or 0)
             + x.parse().usage.completion_tokens for x in results
-        ))  # fmt: skip
+        ))
 
 
 def test_every_path_releases_its_slot_exactly_once() -> None:
@@ -197,7 +197,7 @@ def test_every_path_releases_its_slot_exactly_once() -> None:
         # the client leaves mid-stream
         with httpx.stream("POST", f"{base}/v1/chat/completions", json={
             "model": PUBLIC_MODEL, "messages": MESSAGES, "max_tokens": LONG, "stream": True, "ignore_eos": True,
-        }, timeout=10) as r:  # fmt: skip
+        }, timeout=10) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
             for _ in range(6):  # keep reading: a client that stops reading is soon taken for gone
@@ -228,7 +228,7 @@ def test_degrade_serves_a_refused_interactive_request_as_bulk_on_the_bulk_pool()
             upstream={"connect_timeout_s": 1, "read_timeout_s": 30, "max_body_bytes": 65536, "retries": 0},
             routing={"probe_interval_s": 0.05, "healthy_after": 1, "unhealthy_after": 3,
                      "spill": {"waiting_threshold": 1000}, "bulk_borrow_below_utilization": 0.0},
-        )  # fmt: skip
+        )
         app = create_app(cfg)
         with serve_in_thread(app) as base:
             queue = app.api.state.gateway.queues["fast"]
@@ -257,7 +257,7 @@ def test_a_stream_tells_its_ticket_of_the_first_token_once_while_it_still_runs(m
         assert calls == []  # not a stream: nothing watched (its release ends it)
         with httpx.stream("POST", f"{base}/v1/chat/completions", json={
             "model": PUBLIC_MODEL, "messages": MESSAGES, "max_tokens": LONG, "stream": True, "ignore_eos": True,
-        }, timeout=10) as r:  # fmt: skip
+        }, timeout=10) as r:
             lines = r.iter_lines()
             for _ in range(6):
                 next(lines)

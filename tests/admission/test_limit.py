@@ -4,7 +4,7 @@ from app.config.admission import AdmissionConfig
 
 CFG = AdmissionConfig(enabled=True, max_waiting_per_replica=4)
 SATURATED = Saturation(True, "waiting", replicas=2, saturated_replicas=2, excess=6, queued=14, running=60,
-                       full=True)  # fmt: skip
+                       full=True)
 ROOM = Saturation(False, None, replicas=2, saturated_replicas=1, excess=0, queued=0, running=50)
 
 

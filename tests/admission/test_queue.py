@@ -269,7 +269,7 @@ async def test_random_arrivals_cancellations_and_deadlines_leak_nothing() -> Non
     async def client(i: int) -> None:
         try:
             async with q.admit(f"t{i % 3}", rng.choice(["interactive", "bulk"]), rng.randint(1, 100),
-                               deadline_s=rng.choice([0.005, 0.05, 1.0])) as ticket:  # fmt: skip
+                               deadline_s=rng.choice([0.005, 0.05, 1.0])) as ticket:
                 await asyncio.sleep(rng.random() * 0.01)
                 ticket.settle(rng.randint(1, 100))
         except AdmissionRejected:
@@ -305,7 +305,7 @@ class FakeTimers:
 
 
 async def capped_flood(cfg: AdmissionConfig, clock: FakeClock,
-                       timers: FakeTimers) -> tuple[AdmissionQueue, list[Ticket]]:  # fmt: skip
+                       timers: FakeTimers) -> tuple[AdmissionQueue, list[Ticket]]:
     """A pool capped at 36 with the heavy tenant holding 30 slots, having released 10 slots/s for the last second."""
     q = AdmissionQueue(cfg, clock=clock, call_later=timers)
     held = [q.try_admit("heavy", "bulk", 1) for _ in range(40)]
@@ -320,7 +320,7 @@ async def capped_flood(cfg: AdmissionConfig, clock: FakeClock,
 async def test_over_share_starts_are_paced_at_twice_the_release_rate() -> None:
     clock, timers = FakeClock(), FakeTimers()
     q, _ = await capped_flood(AdmissionConfig(enabled=True, pace_over_share=2.0, reserve_max_per_replica=0), clock,
-                              timers)  # fmt: skip
+                              timers)
     # A cohort of four arrives at once with six slots free: one starts, the next 1 / (2 x 10/s) = 50 ms later.
     tasks = [asyncio.create_task(q.acquire("heavy", "bulk", 1)) for _ in range(4)]
     await settle_loop()
@@ -337,7 +337,7 @@ async def test_over_share_starts_are_paced_at_twice_the_release_rate() -> None:
 async def test_a_tenant_under_its_share_is_not_paced() -> None:
     clock, timers = FakeClock(), FakeTimers()
     q, _ = await capped_flood(AdmissionConfig(enabled=True, pace_over_share=2.0, reserve_max_per_replica=0), clock,
-                              timers)  # fmt: skip
+                              timers)
     assert q.try_admit("heavy", "bulk", 1) is not None
     assert q.try_admit("heavy", "bulk", 1) is None  # paced
     light = [q.try_admit("light", "bulk", 1) for _ in range(3)]
@@ -347,7 +347,7 @@ async def test_a_tenant_under_its_share_is_not_paced() -> None:
 async def test_pacing_off_starts_a_cohort_at_once() -> None:
     clock, timers = FakeClock(), FakeTimers()
     q, _ = await capped_flood(AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0), clock,
-                              timers)  # fmt: skip
+                              timers)
     assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(6))
     assert timers.pending == []
 
@@ -389,7 +389,7 @@ async def test_without_declared_slots_the_fast_path_sends_until_a_scrape_says_sa
 def gated(hold_s: float = 1.0) -> AdmissionConfig:
     """Prefill gate of 1, no pacing, no reserve; the gate engages from one request waiting in the gateway."""
     return AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0, max_waiting_per_replica=1,
-                           over_share_prefills_per_replica=1, first_token_hold_s=hold_s)  # fmt: skip
+                           over_share_prefills_per_replica=1, first_token_hold_s=hold_s)
 
 
 async def flood_at_the_cap(q: AdmissionQueue, held: list[Ticket]) -> tuple[list[Ticket], list[asyncio.Task[Ticket]]]:
@@ -435,7 +435,7 @@ async def test_a_start_whose_first_token_is_never_seen_holds_the_flood_only_for_
 async def test_unwatched_requests_and_an_uncapped_pool_are_not_gated() -> None:
     clock, timers = FakeClock(), FakeTimers()
     cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0,
-                          over_share_prefills_per_replica=1)  # fmt: skip
+                          over_share_prefills_per_replica=1)
     q, _ = await capped_flood(cfg, clock, timers)
     assert all(q.try_admit("heavy", "bulk", 1) is not None for _ in range(3))  # not streams: nothing to watch
     idle = AdmissionQueue(cfg, clock=clock, call_later=timers)
@@ -459,7 +459,7 @@ async def test_releasing_a_start_before_its_first_token_opens_the_gate() -> None
 async def test_a_backlog_below_the_saturation_threshold_is_not_gated() -> None:
     clock, timers = FakeClock(), FakeTimers()
     cfg = AdmissionConfig(enabled=True, pace_over_share=0.0, reserve_max_per_replica=0, max_waiting_per_replica=3,
-                          over_share_prefills_per_replica=1)  # fmt: skip
+                          over_share_prefills_per_replica=1)
     q, held = await capped_flood(cfg, clock, timers)
     _, waiters = await flood_at_the_cap(q, held)
     assert waiters[0].done()  # two waiting, fewer than three: a moment at the cap, drained as slots free

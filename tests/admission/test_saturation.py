@@ -48,7 +48,7 @@ def test_the_gateways_in_flight_tokens_saturate_the_pool_at_the_cap() -> None:
 def test_the_routers_replica_state_is_read_as_it_is() -> None:
     r = ReplicaState("http://127.0.0.1:1")
     r.apply_metrics({"vllm:num_requests_running": 8, "vllm:num_requests_waiting": 5,
-                     "vllm:kv_cache_usage_perc": 0.4}, now=0.0)  # fmt: skip
+                     "vllm:kv_cache_usage_perc": 0.4}, now=0.0)
     sat = assess([r], CFG)
     assert sat.saturated and sat.excess == 1
     r.on_success()  # nothing of ours was in flight: in_flight stays 0, queue estimate unchanged

@@ -104,7 +104,7 @@ costs = st.lists(st.integers(min_value=1, max_value=2000), min_size=1, max_size=
 
 
 def _backlogged_service(weights: dict[str, float], cost_lists: dict[str, list[int]], pops: int,
-                        errors: dict[str, list[int]] | None = None) -> dict[str, float]:  # fmt: skip
+                        errors: dict[str, list[int]] | None = None) -> dict[str, float]:
     """Keep every tenant backlogged (cycling through its costs), pop `pops` times; actual service per tenant."""
     v: VirtualTokenCounter[int] = VirtualTokenCounter(weights)
     nxt = dict.fromkeys(cost_lists, 0)
@@ -141,9 +141,9 @@ def test_two_backlogged_tenants_service_differs_by_at_most_one_request(a: list[i
 
 @settings(max_examples=200, deadline=None)
 @given(a=costs, b=costs, wa=st.sampled_from([1.0, 2.0, 5.0]), wb=st.sampled_from([0.5, 1.0, 3.0]),
-       pops=st.integers(min_value=1, max_value=400))  # fmt: skip
+       pops=st.integers(min_value=1, max_value=400))
 def test_weighted_service_is_proportional_within_one_request(a: list[int], b: list[int], wa: float, wb: float,
-                                                             pops: int) -> None:  # fmt: skip
+                                                             pops: int) -> None:
     served = _backlogged_service({"a": wa, "b": wb}, {"a": a, "b": b}, pops)
     assert abs(served["a"] / wa - served["b"] / wb) <= max(x / wa for x in a) + max(x / wb for x in b)
 
@@ -152,7 +152,7 @@ def test_weighted_service_is_proportional_within_one_request(a: list[int], b: li
 @given(a=costs, b=costs, ea=st.lists(st.integers(-500, 500), min_size=1, max_size=10),
        eb=st.lists(st.integers(-500, 500), min_size=1, max_size=10), pops=st.integers(min_value=1, max_value=300))
 def test_settle_corrections_keep_the_service_difference_bounded(a: list[int], b: list[int], ea: list[int],
-                                                                eb: list[int], pops: int) -> None:  # fmt: skip
+                                                                eb: list[int], pops: int) -> None:
     served = _backlogged_service({}, {"a": a, "b": b}, pops, {"a": ea, "b": eb})
     assert abs(served["a"] - served["b"]) <= max(a + b) + 500
 

@@ -80,7 +80,7 @@ def test_previous_response_id_and_get_and_cancel_reach_the_replica_that_holds_it
     # Round robin would alternate replicas: without affinity one of these would 404 on the other sim.
     for _ in range(3):
         follow = c.responses.create(model=PUBLIC_MODEL, input="Which number?", previous_response_id=first.id,
-                                    max_output_tokens=4)  # fmt: skip
+                                    max_output_tokens=4)
         assert follow.id != first.id
         got = c.responses.retrieve(first.id)
         assert got.id == first.id and got.model == PUBLIC_MODEL
@@ -98,7 +98,7 @@ def test_responses_bad_input_is_a_400_never_a_5xx(stack: tuple[str, str]) -> Non
     gw, _ = stack
     h = {"authorization": "Bearer sk-acme", "content-type": "application/json"}
     for body in (b"{not json", b'{"model": "public-model", "input": 3}', b'{"model": "public-model", "input": [1]}',
-                 b'{"model": "public-model", "input": "x", "max_output_tokens": -1}'):  # fmt: skip
+                 b'{"model": "public-model", "input": "x", "max_output_tokens": -1}'):
         r = httpx.post(gw + "/v1/responses", content=body, headers=h)
         assert r.status_code == 400, body
         assert r.json()["error"]["type"] == "invalid_request_error"
@@ -111,7 +111,7 @@ def test_responses_normalization_moves_the_volatile_environment_line(stack: tupl
         input=[{"role": "user", "content": "<environment_context>\nCurrent date: 2026-12-01T10:11:12Z\n"
                 "</environment_context>\nFix the test."}],
         max_output_tokens=4,
-    )  # fmt: skip
+    )
     assert raw.headers["x-kvgate-normalized"].startswith("on;moved=1")
 
 
@@ -130,7 +130,7 @@ def test_messages_create_with_x_api_key_returns_usage_and_the_public_model(stack
 def test_messages_stream_yields_text_and_final_usage(stack: tuple[str, str]) -> None:
     gw, _ = stack
     with ant(gw).messages.stream(model=PUBLIC_MODEL, max_tokens=8,
-                                 messages=[{"role": "user", "content": "Say hi"}]) as s:  # fmt: skip
+                                 messages=[{"role": "user", "content": "Say hi"}]) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     assert text and final.model == PUBLIC_MODEL and final.usage.output_tokens > 0
@@ -158,7 +158,7 @@ def test_messages_errors_come_in_anthropics_envelope(stack: tuple[str, str], cal
     kw.update(call)
     if kw["max_tokens"] is None:
         r = httpx.post(gw + "/v1/messages", json={k: v for k, v in kw.items() if k != "max_tokens"},
-                       headers={"x-api-key": key})  # fmt: skip
+                       headers={"x-api-key": key})
         assert r.status_code == 400 and r.json()["type"] == "error"
         assert r.json()["error"]["type"] == "invalid_request_error"
         return
@@ -175,7 +175,7 @@ def test_messages_rate_limit_is_a_429_rate_limit_error_with_retry_after() -> Non
             ant(gw).messages.create(model=PUBLIC_MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
             with pytest.raises(anthropic.RateLimitError) as info:
                 ant(gw).messages.create(model=PUBLIC_MODEL, max_tokens=4,
-                                        messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+                                        messages=[{"role": "user", "content": "hi"}])
             assert info.value.response.headers["retry-after"]
             assert info.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
 
@@ -190,9 +190,9 @@ def test_messages_malformed_json_is_a_400_in_anthropics_envelope(stack: tuple[st
 def test_messages_normalization_moves_the_billing_nonce_to_a_trailing_block(stack: tuple[str, str]) -> None:
     gw, _ = stack
     system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; "
-               "cch=4f8a2;\nSession ID: 5b2f7c1e-3d4a-4b6c-8e9f-0a1b2c3d4e5f\n" + SYSTEM}]  # fmt: skip
+               "cch=4f8a2;\nSession ID: 5b2f7c1e-3d4a-4b6c-8e9f-0a1b2c3d4e5f\n" + SYSTEM}]
     raw = ant(gw).messages.with_raw_response.create(model=PUBLIC_MODEL, max_tokens=4, system=system,  # type: ignore[arg-type]
-                                                    messages=[{"role": "user", "content": "Fix it."}])  # fmt: skip
+                                                    messages=[{"role": "user", "content": "Fix it."}])
     assert raw.headers["x-kvgate-normalized"].startswith("on;moved=")
     assert "moved=0" not in raw.headers["x-kvgate-normalized"]
 
@@ -203,12 +203,12 @@ def test_a_billing_only_system_block_is_left_out_of_the_routing_key_and_normaliz
     def view(nonce: str) -> Any:
         return MESSAGES.view({"system": [
             {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch={nonce};"},
-            {"type": "text", "text": SYSTEM}], "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+            {"type": "text", "text": SYSTEM}], "messages": [{"role": "user", "content": "hi"}]})
 
     a, b = view("4f8a2"), view("91c0e")
     assert a.key_head == b.key_head  # the nonce does not decide the replica
     assert [s.text for s in a.head] == [SYSTEM, "hi"]
     mixed = MESSAGES.view({"system": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;\n" + SYSTEM}],
-                           "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+                           "messages": [{"role": "user", "content": "hi"}]})
     assert mixed.head[0].text.startswith("x-anthropic-billing-header")  # moved, so vLLM keeps the rest
     assert str(mixed.key_head).startswith(SYSTEM[:100])

@@ -41,7 +41,7 @@ def config(sim: str, port: int, redis_url: str, prefix: str) -> dict[str, object
         "store": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": 2.0},
         "routing": {"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 1},
         "upstream": {"read_timeout_s": 30},
-    }  # fmt: skip
+    }
 
 
 def month_spend(redis_url: str, prefix: str) -> int:
@@ -63,7 +63,7 @@ def test_sigterm_drains_the_stream_in_flight_and_exits_0(tmp_path: Path, redis_u
         path.write_text(json.dumps(config(sim, port, redis_url, key_prefix)))  # JSON is YAML
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(path)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             assert proc.stdout is not None
             deadline = time.monotonic() + 30
@@ -76,7 +76,7 @@ def test_sigterm_drains_the_stream_in_flight_and_exits_0(tmp_path: Path, redis_u
 
             def stream() -> None:
                 body = {"model": PUBLIC_MODEL, "messages": [{"role": "user", "content": "count to fifty"}],
-                        "stream": True, "max_tokens": TOKENS, "ignore_eos": True}  # fmt: skip
+                        "stream": True, "max_tokens": TOKENS, "ignore_eos": True}
                 headers = {"authorization": "Bearer sk-acme"}
                 with httpx.stream("POST", base + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
                     for line in r.iter_lines():

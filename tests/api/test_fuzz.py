@@ -38,7 +38,7 @@ DEFAULT_BASE = {"query": "a", "documents": ["b"], "text_1": "a", "text_2": "b", 
 KEYS = ["model", "messages", "prompt", "input", "max_tokens", "max_output_tokens", "max_completion_tokens", "stream",
         "stream_options", "temperature", "top_p", "n", "tools", "tool_choice", "system", "instructions", "stop",
         "previous_response_id", "logprobs", "response_format", "metadata", "tokens", "query", "documents",
-        "thinking", "priority", "cache_salt", "chat_template_kwargs"]  # fmt: skip
+        "thinking", "priority", "cache_salt", "chat_template_kwargs"]
 PATHS = sorted(SURFACES)
 
 leaves = (
@@ -49,10 +49,10 @@ leaves = (
     | st.text(max_size=12)
 )
 values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6),
-                      inner, max_size=3), max_leaves=10)  # fmt: skip
+                      inner, max_size=3), max_leaves=10)
 messages = st.lists(st.dictionaries(st.sampled_from(["role", "content", "name", "tool_calls", "type"]),
                                     values | st.sampled_from(["user", "system", "assistant", "tool"]), max_size=3),
-                    max_size=3)  # fmt: skip
+                    max_size=3)
 
 
 def base(path: str) -> dict[str, Any]:
@@ -162,7 +162,7 @@ def assert_envelope(path: str, status: int, body: bytes) -> None:
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-          HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])  # fmt: skip
+          HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 @given(request=requests())
 def test_no_body_gets_a_5xx_or_an_error_outside_its_envelope(gw: httpx.Client, request: tuple[str, bytes]) -> None:
     path, raw = request

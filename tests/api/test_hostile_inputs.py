@@ -35,7 +35,7 @@ def upstream() -> Iterator[tuple[FakeUpstream, str]]:
 def gw(upstream: tuple[FakeUpstream, str]) -> Iterator[str]:
     """The guarded server, auth required, two tenants, an admin key, /metrics behind it."""
     cfg = gateway_config([upstream[1]], tenants=TENANTS, listen={"host": "127.0.0.1", "port": free_port()},
-                         auth={"required": True, "admin_keys": [ADMIN], "metrics_access": "admin_key"})  # fmt: skip
+                         auth={"required": True, "admin_keys": [ADMIN], "metrics_access": "admin_key"})
     with running_guarded_gateway(cfg) as url:
         yield url
 
@@ -71,7 +71,7 @@ def status_and_body(response: bytes) -> tuple[int, dict[str, Any]]:
 @pytest.mark.parametrize("size", [100 * 1024, 16 * 1024 * 1024])
 def test_headers_over_max_header_bytes_get_431_in_the_envelope(gw: str, size: int) -> None:
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nx-big: " + b"a" * size + b"\r\n"
-               b"content-length: 2\r\n\r\n{}")  # fmt: skip
+               b"content-length: 2\r\n\r\n{}")
     status, body = status_and_body(raw_exchange(gw, request))
     assert status == 431 and body["error"]["code"] == "request_headers_too_large"
 
@@ -89,7 +89,7 @@ def test_headers_within_the_bounds_are_served(gw: str) -> None:
 
 
 @pytest.mark.parametrize("garbage", [b"GARBAGE\r\n\r\n", b"POST /v1/chat/completions HTTP/1.1\r\nbad header\r\n\r\n",
-                                     b"GET /\x00 HTTP/1.1\r\n\r\n"])  # fmt: skip
+                                     b"GET /\x00 HTTP/1.1\r\n\r\n"])
 def test_malformed_http_gets_a_400_in_the_envelope_not_text(gw: str, garbage: bytes) -> None:
     status, body = status_and_body(raw_exchange(gw, garbage))
     assert status == 400 and body["error"]["code"] == "invalid_http"
@@ -101,7 +101,7 @@ def post(gw: str, path: str, body: dict[str, Any], key: str = ACME, **headers: s
 
 
 @pytest.mark.parametrize(("field", "value"), [("n", 10**9), ("n", 129), ("best_of", 1000), ("top_logprobs", 21),
-                                              ("logprobs", 50), ("n", 0)])  # fmt: skip
+                                              ("logprobs", 50), ("n", 0)])
 def test_multipliers_out_of_bounds_are_400_and_never_reach_the_engine(
     gw: str, upstream: tuple[FakeUpstream, str], field: str, value: int
 ) -> None:
@@ -135,7 +135,7 @@ def nested(depth: int, leaf: Any = "x") -> Any:
         ("/v1/messages", lambda d: {"model": PUBLIC_MODEL, "max_tokens": 4,
                                     "messages": [{"role": "user", "content": nested(d)}]}),
     ],
-)  # fmt: skip
+)
 def test_nesting_of_any_depth_is_400_never_500(gw: str, path: str, body: Any, depth: int) -> None:
     # orjson.dumps writes 255 levels at most: the body is written by hand.
     raw = orjson.dumps(body(0)).replace(b'"content":"x"', b'"content":' + b"[" * depth + b'"x"' + b"]" * depth)
@@ -158,7 +158,7 @@ def test_two_authorization_headers_are_refused_not_last_wins(gw: str) -> None:
     body = orjson.dumps(CHAT)
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
                b"authorization: Bearer " + BETA.encode() + b"\r\nauthorization: Bearer " + ACME.encode() + b"\r\n"
-               b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)  # fmt: skip
+               b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
     status, envelope = status_and_body(raw_exchange(gw, request))
     assert status == 400 and envelope["error"]["code"] == "duplicate_credentials"
 
@@ -202,7 +202,7 @@ def test_a_trusted_proxys_connections_count_per_forwarded_client(upstream: tuple
     cfg = gateway_config([upstream[1]], listen={"host": "127.0.0.1", "port": free_port(),
                                                 "max_connections_per_client": 1, "trusted_proxies": ["127.0.0.0/8"]})
     with running_guarded_gateway(cfg) as url, httpx.Client(base_url=url) as a, httpx.Client(base_url=url) as b, \
-            httpx.Client(base_url=url) as c:  # fmt: skip
+            httpx.Client(base_url=url) as c:
         assert a.post("/v1/chat/completions", json=CHAT, headers={"x-forwarded-for": "203.0.113.7"}).status_code == 200
         # Another client behind the same proxy address: its own allowance.
         assert b.post("/v1/chat/completions", json=CHAT, headers={"x-forwarded-for": "203.0.113.8"}).status_code == 200

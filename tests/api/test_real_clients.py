@@ -20,7 +20,7 @@ from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agents"
 TENANTS = [{"id": "lab-off", "api_keys": ["sk-off"], "normalize": "off"},
-           {"id": "lab-on", "api_keys": ["sk-on"], "normalize": "on"}]  # fmt: skip
+           {"id": "lab-on", "api_keys": ["sk-on"], "normalize": "on"}]
 SKIP_HEADERS = {"x-api-key", "authorization", "accept-encoding", "connection", "host", "content-length"}
 
 
@@ -37,7 +37,7 @@ def gateway() -> Iterator[str]:
     with running_sim(model="served-model", max_model_len=131072, time_scale=1000.0,
                      enable_auto_tool_choice=True, tool_call_parser="hermes") as sim:
         cfg = gateway_config([sim], tenants=TENANTS, auth={"required": True},
-                             upstream={"read_timeout_s": 30, "max_body_bytes": 8 * 1024 * 1024})  # fmt: skip
+                             upstream={"read_timeout_s": 30, "max_body_bytes": 8 * 1024 * 1024})
         with running_gateway(cfg) as gw:
             yield gw
 
@@ -91,7 +91,7 @@ def test_claude_codes_mid_conversation_system_turn_is_accepted_and_stays_history
 
 def test_a_leading_system_turn_in_messages_is_part_of_the_prefix() -> None:
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "system", "content": "You are terse."},
-                                                         {"role": "user", "content": "hi"}]}  # fmt: skip
+                                                         {"role": "user", "content": "hi"}]}
     view = MESSAGES.view(body)
     assert [s.text for s in view.head] == ["You are terse.", "hi"]
     warm = MESSAGES.warm_request(body, 10_000)
@@ -103,7 +103,7 @@ def test_a_billing_only_system_turn_is_left_out_of_the_continuation_as_vllm_does
         {"role": "user", "content": "hi"},
         {"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"}]},
         {"role": "system", "content": [{"type": "text", "text": "Agents: a"}, {"type": "text", "text": ", b"}]},
-    ]}  # fmt: skip
+    ]}
     assert chat_messages(body) == [{"role": "user", "content": "hi"}, {"role": "system", "content": "Agents: a, b"}]
 
 
@@ -114,7 +114,7 @@ def test_an_unknown_role_is_a_400_worded_so_claude_code_falls_back_and_logged_on
     with caplog.at_level(logging.INFO, logger="kvgate.rejected"):
         r = httpx.post(gateway + "/v1/messages?beta=true", headers={"x-api-key": "sk-on"}, json={
             "model": PUBLIC_MODEL, "max_tokens": 8,
-            "messages": [{"role": "user", "content": secret}, {"role": "developer", "content": secret}]})  # fmt: skip
+            "messages": [{"role": "user", "content": secret}, {"role": "developer", "content": secret}]})
     assert r.status_code == 400
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"

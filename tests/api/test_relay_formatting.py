@@ -50,7 +50,7 @@ def chat_stream(words: list[str], include_usage: bool) -> Iterator[bytes]:
     """A chat chunk stream in spaced JSON: role chunk, tokens, finish, usage-only chunk, [DONE]."""
     base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": SERVED}
     yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "finish_reason": None}]}, 0)  # fmt: skip
+                                    "finish_reason": None}]}, 0)
     for i, word in enumerate(words, 1):
         reason = "stop" if i == len(words) else None
         yield sse({**base, "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": reason}]}, i)
@@ -62,14 +62,14 @@ def chat_stream(words: list[str], include_usage: bool) -> Iterator[bytes]:
 def responses_stream() -> Iterator[bytes]:
     """A Responses stream in spaced JSON."""
     resp = {"id": "resp_1", "object": "response", "created_at": 1, "model": SERVED, "status": "in_progress",
-            "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}  # fmt: skip
+            "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
     yield sse({"type": "response.created", "sequence_number": 0, "response": resp}, 0, "response.created")
     yield sse({"type": "response.output_text.delta", "sequence_number": 1, "item_id": "m1", "output_index": 0,
-               "content_index": 0, "delta": "Hello", "logprobs": []}, 1, "response.output_text.delta")  # fmt: skip
+               "content_index": 0, "delta": "Hello", "logprobs": []}, 1, "response.output_text.delta")
     done = {**resp, "status": "completed", "usage": {"input_tokens": 20, "output_tokens": 5, "total_tokens": 25,
             "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
             "output": [{"type": "message", "id": "m1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": "Hello", "annotations": []}]}]}  # fmt: skip
+                        "content": [{"type": "output_text", "text": "Hello", "annotations": []}]}]}
     yield sse({"type": "response.completed", "sequence_number": 2, "response": done}, 2, "response.completed")
 
 
@@ -79,12 +79,12 @@ def messages_stream() -> Iterator[bytes]:
            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 20, "output_tokens": 0}}
     yield sse({"type": "message_start", "message": msg}, 0, "message_start")
     yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, 1,
-              "content_block_start")  # fmt: skip
+              "content_block_start")
     yield sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}}, 2,
-              "content_block_delta")  # fmt: skip
+              "content_block_delta")
     yield sse({"type": "content_block_stop", "index": 0}, 3, "content_block_stop")
     yield sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-               "usage": {"input_tokens": 20, "output_tokens": 5}}, 4, "message_delta")  # fmt: skip
+               "usage": {"input_tokens": 20, "output_tokens": 5}}, 4, "message_delta")
     yield sse({"type": "message_stop"}, 5, "message_stop")
 
 
@@ -99,7 +99,7 @@ class SpacedUpstream:
             Route("/v1/messages", self._messages, methods=["POST"]),
             Route("/health", lambda r: Response("")),
             Route("/metrics", lambda r: Response('vllm:num_requests_running{model_name="m"} 0\n')),
-        ])  # fmt: skip
+        ])
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
@@ -109,7 +109,7 @@ class SpacedUpstream:
             return StreamingResponse(chat_stream(words, wants), media_type="text/event-stream")
         doc = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": SERVED,
                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(words)},
-                            "finish_reason": "stop"}], "usage": USAGE}  # fmt: skip
+                            "finish_reason": "stop"}], "usage": USAGE}
         return Response(spaced(doc, 1), media_type="application/json")
 
     async def _responses(self, request: Request) -> Response:
@@ -136,7 +136,7 @@ def cost_trailer(text: str) -> str:
 
 def test_spaced_chat_stream_hides_usage_chunk_and_never_leaks_the_served_name(gw: str) -> None:
     chunks = list(oai(gw).chat.completions.create(
-        model=PUBLIC_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))  # fmt: skip
+        model=PUBLIC_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there!"
     assert all(c.model == PUBLIC_MODEL for c in chunks)
     assert all(c.usage is None and c.choices for c in chunks)
@@ -151,7 +151,7 @@ def test_spaced_chat_stream_hides_usage_chunk_and_never_leaks_the_served_name(gw
 def test_spaced_usage_chunk_is_relayed_with_the_public_name_when_asked(gw: str) -> None:
     chunks = list(oai(gw).chat.completions.create(
         model=PUBLIC_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
-        stream_options={"include_usage": True}))  # fmt: skip
+        stream_options={"include_usage": True}))
     assert chunks[-1].choices == [] and chunks[-1].model == PUBLIC_MODEL
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 25
 
@@ -184,7 +184,7 @@ def test_spaced_messages_stream_maps_the_model_and_reads_usage(gw: str) -> None:
 # -- the observers on single events -----------------------------------------------------------------
 def ctx_for(public: str = PUBLIC_MODEL) -> RequestContext:
     return RequestContext(request_id="r", surface=CHAT, path="/v1/chat/completions", body={}, model=public,
-                          stream=True, client_wants_usage=False, headers={})  # fmt: skip
+                          stream=True, client_wants_usage=False, headers={})
 
 
 def test_compact_token_chunk_takes_the_fast_path_and_any_other_spelling_is_parsed() -> None:

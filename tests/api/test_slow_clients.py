@@ -22,7 +22,7 @@ DEADLINE_S = 1.0
 CHAT = {"model": PUBLIC_MODEL, "messages": [{"role": "user", "content": "hi"}]}
 PARTIAL_HEADERS = b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/js"
 SHORT_BODY = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-              b"content-length: 1000\r\n\r\n" + b'{"model":"')  # fmt: skip
+              b"content-length: 1000\r\n\r\n" + b'{"model":"')
 
 
 @contextmanager

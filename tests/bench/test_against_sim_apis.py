@@ -14,7 +14,7 @@ from app.sim.testing import running_sim
 async def test_agent_static_workload_reads_cached_tokens_through_each_api(api: str, stream: bool) -> None:
     with running_sim(profile="h100-8b", time_scale=50.0) as base:
         spec = BenchSpec(base_url=base, api=api, workload="agent-static", concurrency=3, requests=9, max_tokens=6,
-                         stream=stream, extra_body={"ignore_eos": True})  # fmt: skip
+                         stream=stream, extra_body={"ignore_eos": True})
         result = await run_bench(spec)
     s = result.summary
     assert s.errors == 0, s.error_kinds
@@ -29,7 +29,7 @@ async def test_the_volatile_agent_header_defeats_the_cache_on_the_new_apis_too()
     for api in ("responses", "messages"):
         with running_sim(profile="h100-8b", time_scale=50.0) as base:
             spec = BenchSpec(base_url=base, api=api, workload="agent", concurrency=3, requests=9, max_tokens=4,
-                             extra_body={"ignore_eos": True})  # fmt: skip
+                             extra_body={"ignore_eos": True})
             result = await run_bench(spec)
         assert result.summary.errors == 0, result.summary.error_kinds
         ratios[api] = result.summary.cached_ratio

@@ -14,7 +14,7 @@ CHAT = {
                  {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}],
     "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
     "tool_choice": "none",
-}  # fmt: skip
+}
 
 
 def _rec() -> RequestRecord:
@@ -43,7 +43,7 @@ def test_messages_body_has_system_max_tokens_and_anthropic_tools() -> None:
 def test_messages_prompt_is_input_plus_cache_read_and_written() -> None:
     rec = _rec()
     apply_usage("messages", rec, {"input_tokens": 34, "output_tokens": 2, "cache_creation_input_tokens": 128,
-                                  "cache_read_input_tokens": 256})  # fmt: skip
+                                  "cache_read_input_tokens": 256})
     assert (rec.prompt_tokens, rec.cached_tokens, rec.output_tokens) == (418, 256, 2)
 
 

@@ -145,10 +145,10 @@ async def test_several_base_urls_each_serve_whole_sessions_spread_over_them() ->
     fakes = [FakeOpenAI(tokens=2, first_delay_s=0.0, token_delay_s=0.0) for _ in range(2)]
     async with serving(fakes[0]) as first, serving(fakes[1]) as second:
         result = await run_bench(BenchSpec(base_url=first, more_base_urls=(second,), workload="agent",
-                                           model="fake-model", concurrency=4, requests=16))  # fmt: skip
+                                           model="fake-model", concurrency=4, requests=16))
     assert result.summary.ok == 16
     sessions = [{int(re.search(r"Session ID: sess_(\d+)", r["body"]["messages"][0]["content"]).group(1))  # type: ignore[union-attr]
-                 for r in fake.received} for fake in fakes]  # fmt: skip
+                 for r in fake.received} for fake in fakes]
     assert sessions[0] and sessions[1], "both gateways got sessions"
     assert all(s % 2 == 0 for s in sessions[0]) and all(s % 2 == 1 for s in sessions[1]), "each session on one URL"
 
@@ -163,14 +163,14 @@ async def test_the_cost_a_kvgate_gateway_bills_is_recorded_per_request_and_summe
     pool = {"role": "interactive", "served_model": "served", "price": {"input_per_m": 1.0, "output_per_m": 2.0}}
     with serve_in_thread(create_sim_app(SimOptions(model="served"))) as sim:
         raw = {"models": [{"name": "m", "pools": ["main"]}], "pools": {"main": {**pool, "replicas": [sim]}},
-               "auth": {"required": False}}  # fmt: skip
+               "auth": {"required": False}}
         cfg = parse_config(raw)
         with serve_in_thread(create_app(cfg)) as gateway:
             runs = [
                 await run_bench(BenchSpec(base_url=gateway, api=api, model="m", concurrency=2, requests=4,
                                           max_tokens=4, stream=stream))
                 for api in ("chat", "responses", "messages") for stream in (True, False)
-            ]  # fmt: skip
+            ]
     for result in runs:
         assert all(r.cost_usd is not None and r.cost_usd > 0 for r in result.records), result.spec.api
         assert result.summary.gateway_cost_usd == pytest.approx(sum(r.cost_usd or 0 for r in result.records))

@@ -162,7 +162,7 @@ def flag(command: list[str], name: str) -> str | None:
 VLLM_KV_EVENTS_KEYS = frozenset({
     "enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "max_queue_size",
     "topic",
-})  # fmt: skip
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +219,7 @@ _UNITS = {
     "GiBy": "gibibytes", "KBy": "kilobytes", "MBy": "megabytes", "GBy": "gigabytes", "m": "meters",
     "V": "volts", "A": "amperes", "J": "joules", "W": "watts", "g": "grams", "Cel": "celsius",
     "Hz": "hertz", "1": "", "%": "percent",
-}  # fmt: skip
+}
 _PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
 
 
@@ -249,7 +249,7 @@ def prometheus_name(name: str, unit: str, kind: str) -> str:
 _KEYWORDS = {
     "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
     "unless", "inf", "nan", "atan2",
-}  # fmt: skip
+}
 
 
 def metric_names(expr: str) -> set[str]:

@@ -66,7 +66,7 @@ VLLM_METRICS = {
         )
         for s in ("bucket", "sum", "count")
     ),
-}  # fmt: skip
+}
 
 
 def services(stack: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -214,7 +214,7 @@ def test_vllms_own_parser_accepts_the_engine_commands_and_reads_the_kv_events_co
     out = subprocess.run(
         [str(VLLM_VENV / "bin" / "python"), "-c", _VLLM_PARSE], input=json.dumps(commands),
         capture_output=True, text=True, timeout=300, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"},
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     for name, command, parsed in zip(ENGINES, commands, json.loads(line.removeprefix("RESULT ")), strict=True):

@@ -110,7 +110,7 @@ def _ours(svc: dict[str, Any]) -> dict[str, Any]:
         "healthcheck": _healthcheck(svc), "depends_on": svc.get("depends_on") or {},
         "volumes": volumes, "ports": ports, "expose": {str(e) for e in svc.get("expose", [])},
         "ipc": svc.get("ipc"), "gpus": _gpus(svc), "build_args": (svc.get("build") or {}).get("args", {}),
-    }  # fmt: skip
+    }
 
 
 def _theirs(svc: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def _theirs(svc: dict[str, Any]) -> dict[str, Any]:
         "ports": {(p["published"], p["target"]) for p in svc.get("ports", [])},
         "expose": set(svc.get("expose", [])), "ipc": svc.get("ipc"), "gpus": _gpus(svc),
         "build_args": (svc.get("build") or {}).get("args", {}),
-    }  # fmt: skip
+    }
 
 
 def _seconds(duration: str) -> float:

@@ -77,7 +77,7 @@ def _chat(base: str, tenant: str, cls: str, i: int, stream: bool) -> None:
         chunks = client.chat.completions.create(
             model=MODEL, messages=messages, max_tokens=24, stream=True, extra_headers=headers,
             stream_options={"include_usage": True},
-        )  # fmt: skip
+        )
         assert any(chunk.usage for chunk in chunks)
     else:
         reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, extra_headers=headers)
@@ -112,7 +112,7 @@ def _traffic(base: str) -> None:
 def _prewarm_runs_done(metrics: str) -> float:
     """Finished pre-warm runs in a /metrics text (the series exist from 0 before any run)."""
     return sum(s.value for f in text_string_to_metric_families(metrics) if f.name == "gateway_prewarm_runs"
-               for s in f.samples if s.labels.get("result") == "done")  # fmt: skip
+               for s in f.samples if s.labels.get("result") == "done")
 
 
 def _join_a_replica(es: ExitStack, logs: Path, kvgate: list[str], ports: dict[str, int], gateway: str) -> None:
@@ -285,7 +285,7 @@ def test_replica_and_peer_load_panels_show_the_stack_s_replicas_and_its_lone_pro
     states = _query(stack.prometheus, "max by (pool, state) (gateway_pool_replicas) > 0")["data"]["result"]
     assert {(s["metric"]["pool"], s["metric"]["state"], s["value"][1]) for s in states} == {
         ("fast", "serving", "2"), ("bulk", "serving", "1"),
-    }  # fmt: skip
+    }
     # One gateway process on Redis: it shares, finds no other process, and keeps its own view.
     alone = _query(stack.prometheus, 'sum(gateway_peer_load_exchanges_total{outcome="alone"})')["data"]["result"]
     assert alone and float(alone[0]["value"][1]) >= 1

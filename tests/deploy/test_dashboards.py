@@ -85,7 +85,7 @@ def test_cost_dashboard_rows_cover_the_operator_page() -> None:
         "gateway_tpot_predicted_seconds_total",
         "gateway_tpot_observed_seconds_total", "gateway_tpot_compared_total", "gateway_tpot_error_ratio",
         "gateway_spec_acceptance_ratio", "gateway_spec_tokens_per_step",
-    }  # fmt: skip
+    }
     assert must <= queried
 
 

@@ -106,7 +106,7 @@ def named(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     hits = [
         o for o in objs
         if o["kind"] == kind and re.fullmatch(re.escape(name) + r"(-[a-z0-9]{10})?", o["metadata"]["name"])
-    ]  # fmt: skip
+    ]
     assert len(hits) == 1, f"{kind}/{name}: {len(hits)} objects"
     return hits[0]
 
@@ -114,7 +114,7 @@ def named(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 def has(objs: list[dict[str, Any]], kind: str, name: str) -> bool:
     """Whether the set has that object (generated names included)."""
     return any(o["kind"] == kind and re.fullmatch(re.escape(name) + r"(-[a-z0-9]{10})?", o["metadata"]["name"])
-               for o in objs)  # fmt: skip
+               for o in objs)
 
 
 def exact(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any] | None:
@@ -150,7 +150,7 @@ def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
         ok = {
             "In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
             "Exists": key in labels, "DoesNotExist": key not in labels,
-        }[op]  # fmt: skip
+        }[op]
         if not ok:
             return False
     return True
@@ -338,7 +338,7 @@ def test_every_reference_in_the_manifests_resolves(overlay: str) -> None:
                     container_port(pod_spec(w)["containers"][0], p.get("targetPort", p["port"]))
         if o["kind"] == "PodDisruptionBudget":
             assert [w for w in objs if w["kind"] in WORKLOADS
-                    and selects(o["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]  # fmt: skip
+                    and selects(o["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
         if o["kind"] == "HorizontalPodAutoscaler":
             ref = o["spec"]["scaleTargetRef"]
             assert exact(objs, ref["kind"], ref["name"]), ref
@@ -363,7 +363,7 @@ def test_images_are_the_compose_stack_images(overlay: str, files: tuple[Path, ..
         "vllm-bulk": ("Deployment", "vllm-bulk"), "redis": ("StatefulSet", "redis"),
         "otel-collector": ("Deployment", "otel-collector"), "prometheus": ("StatefulSet", "prometheus"),
         "grafana": ("Deployment", "grafana"),
-    }  # fmt: skip
+    }
     for service, (kind, name) in pairs.items():
         assert container(objs, name, kind)["image"] == stack[service]["image"], service
 

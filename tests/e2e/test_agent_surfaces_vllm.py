@@ -26,7 +26,7 @@ def test_responses_create_and_stream_through_gateway(e2e_gateway: str) -> None:
     assert r.model == MODEL and r.output_text
     assert r.usage is not None and r.usage.output_tokens > 0
     events = list(oai(e2e_gateway).responses.create(model=MODEL, input="Say hello.", max_output_tokens=8,
-                                                      stream=True))  # fmt: skip
+                                                      stream=True))
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
 
 

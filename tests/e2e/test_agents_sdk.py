@@ -59,7 +59,7 @@ def model_for(kind: str, client: openai.AsyncOpenAI, name: str) -> Any:
 def sim_gateway() -> Iterator[str]:
     """A gateway (tenant normalize on, key auth) in front of a sim that accepts tools like vLLM with hermes."""
     with running_sim(model="served-model", enable_auto_tool_choice=True, tool_call_parser="hermes",
-                     mean_output_tokens=4) as sim:  # fmt: skip
+                     mean_output_tokens=4) as sim:
         tenant = {"id": "agents", "api_keys": ["sk-agents"], "normalize": "on"}
         with running_gateway(gateway_config([sim], tenants=[tenant], auth={"required": True})) as gw:
             yield gw
@@ -83,12 +83,12 @@ def vllm_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
     """A gateway (keyed tenant, normalize on) in front of both real servers: the async SDK client needs a key."""
     price = {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 140}
     pools = {name: {"role": "interactive" if name == "fast" else "bulk", "served_model": MODEL,
-                    "replicas": [url], "price": price} for name, url in vllm_urls.items()}  # fmt: skip
+                    "replicas": [url], "price": price} for name, url in vllm_urls.items()}
     cfg = parse_config({
         "models": [{"name": MODEL, "pools": sorted(pools)}], "pools": pools,
         "tenants": [{"id": "agents", "api_keys": ["sk-agents"], "normalize": "on"}], "auth": {"required": True},
         "upstream": {"read_timeout_s": 300},
-    })  # fmt: skip
+    })
     with running_gateway(cfg) as url:
         yield url
 

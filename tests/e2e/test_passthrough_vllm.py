@@ -35,7 +35,7 @@ def gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
             "upstream": {"read_timeout_s": 300},
             "routing": {"allow_spill": False},
         },
-    )  # fmt: skip
+    )
     with running_gateway(cfg) as url:
         yield url
 
@@ -60,7 +60,7 @@ def test_detokenize_round_trips_tokenize(gateway: str) -> None:
 @pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v1/score", "/score", "/pooling", "/classify"])
 def test_pooling_paths_a_generative_model_does_not_serve_are_404_in_openai_envelope(gateway: str, path: str) -> None:
     resp = httpx.post(gateway + path, json={"model": MODEL, "query": "a", "documents": ["b"], "input": "a"},
-                      timeout=60)  # fmt: skip
+                      timeout=60)
     assert resp.status_code == 404
     assert resp.json()["error"]["code"] == "unknown_url"
 

@@ -39,7 +39,7 @@ def chat(text: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
 def messages(text: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
     """A small Anthropic Messages body."""
     return {"model": PUBLIC_MODEL, "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}],
-            **extra}  # fmt: skip
+            **extra}
 
 
 def poisoned(i: int) -> tuple[str, dict[str, Any]]:

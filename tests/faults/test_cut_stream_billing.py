@@ -37,7 +37,7 @@ async def billed_output(http: httpx.AsyncClient, tenant: str) -> int:
     """The tenant's output tokens in the store, once its one request was settled."""
     for _ in range(200):
         doc = orjson.loads((await http.get(f"/admin/tenants/{tenant}/usage?days=1",
-                                           headers={"authorization": f"Bearer {ADMIN}"})).content)  # fmt: skip
+                                           headers={"authorization": f"Bearer {ADMIN}"})).content)
         total = doc["total"]
         if total["requests"] == 1:
             return int(total["tokens"]["output"])

@@ -34,7 +34,7 @@ def config(sim: str, port: int) -> dict[str, object]:
                            "price": {"input_per_m": 1.0, "output_per_m": 2.0}}},
         "auth": {"required": False},
         "routing": {"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 1},
-    }  # fmt: skip
+    }
 
 
 def test_streams_cut_at_the_end_of_the_drain_end_with_an_error_event(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_streams_cut_at_the_end_of_the_drain_end_with_an_error_event(tmp_path: P
         path.write_text(json.dumps(config(sim, port)))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(path)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         lines: dict[str, list[str]] = {"chat": [], "messages": []}
         errors: list[str] = []
         started = threading.Barrier(3)
@@ -58,7 +58,7 @@ def test_streams_cut_at_the_end_of_the_drain_end_with_an_error_event(tmp_path: P
             def stream(api: str) -> None:
                 msgs = [{"role": "user", "content": "count to a million"}]
                 body = {"model": PUBLIC_MODEL, "messages": msgs, "stream": True, "max_tokens": TOKENS,
-                        "ignore_eos": True}  # fmt: skip
+                        "ignore_eos": True}
                 url = base + ("/v1/chat/completions" if api == "chat" else "/v1/messages")
                 try:
                     with httpx.stream("POST", url, json=body, timeout=30) as r:

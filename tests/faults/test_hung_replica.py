@@ -27,7 +27,7 @@ BOUND_S = 60.0  # well under read_timeout_s (300): what a stream on the hung rep
 
 async def _stream(http: httpx.AsyncClient, gw: str, i: int, started: list[int], go: asyncio.Event) -> list[bytes]:
     body = {"model": MODEL, "stream": True, "max_tokens": TOKENS, "ignore_eos": True,
-            "messages": [{"role": "user", "content": f"stream {i}"}]}  # fmt: skip
+            "messages": [{"role": "user", "content": f"stream {i}"}]}
     events: list[bytes] = []
     async with http.stream("POST", gw + "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
@@ -44,7 +44,7 @@ async def _stream(http: httpx.AsyncClient, gw: str, i: int, started: list[int], 
 
 async def _whole(http: httpx.AsyncClient, gw: str, i: int) -> int:
     body = {"model": MODEL, "max_tokens": TOKENS, "ignore_eos": True,
-            "messages": [{"role": "user", "content": f"whole {i}"}]}  # fmt: skip
+            "messages": [{"role": "user", "content": f"whole {i}"}]}
     r = await http.post(gw + "/v1/chat/completions", json=body)
     return r.status_code if r.status_code != 200 else r.json()["usage"]["completion_tokens"]
 

@@ -17,7 +17,7 @@ BOUND_S = 15.0  # an upper bound for a loaded machine, not a measurement
 def request(path: bytes, body: bytes, declared: int | None = None) -> bytes:
     length = len(body) if declared is None else declared
     return (b"POST " + path + b" HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % length + body)  # fmt: skip
+            b"content-length: %d\r\n\r\n" % length + body)
 
 
 def test_a_pipelined_request_with_a_stalled_body_is_closed() -> None:

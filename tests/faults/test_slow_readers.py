@@ -28,7 +28,7 @@ def stream_request(port: int, tokens: int) -> bytes:
 def running_requests(sim: str) -> float:
     text = httpx.get(sim + "/metrics", timeout=5).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_requests_running"))  # fmt: skip
+               if line.startswith("vllm:num_requests_running"))
 
 
 async def wait_for(check: object, bound_s: float) -> bool:
@@ -45,7 +45,7 @@ async def test_a_client_that_never_reads_is_cut_and_its_upstream_and_slot_freed(
         port = free_port()
         tenants = [{"id": "victim", "api_keys": [VICTIM], "limits": {"concurrent": 1}}]
         cfg = two_tenants(sims, tenants=tenants, listen={"host": "127.0.0.1", "port": port,
-                                                         "write_timeout_s": WRITE_TIMEOUT_S})  # fmt: skip
+                                                         "write_timeout_s": WRITE_TIMEOUT_S})
         app = create_app(cfg)
         config = server_config(app, cfg.listen, app.connections, loop="asyncio", log_level="error")
         with running(config) as gw:
@@ -61,7 +61,7 @@ async def test_a_client_that_never_reads_is_cut_and_its_upstream_and_slot_freed(
                     assert 'gateway_connections_timed_out_total{phase="write"} 1' in metrics
                     # The slot is free: one more request of the tenant (concurrent: 1) is served.
                     r = await http.post("/v1/chat/completions", json=chat("again"),
-                                        headers={"authorization": f"Bearer {VICTIM}"})  # fmt: skip
+                                        headers={"authorization": f"Bearer {VICTIM}"})
                     assert r.status_code == 200
             finally:
                 sock.close()

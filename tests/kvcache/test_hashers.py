@@ -41,7 +41,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _cfg(folder: Path, policy: dict[str, Any] | None = None) -> GatewayConfig:
     replicas = [{"url": u, "kv_events": f"tcp://127.0.0.1:{5600 + i}"} for i, u in enumerate(URLS)]
     pool: dict[str, Any] = {"role": "bulk", "served_model": "s", "replicas": replicas, "price": PRICE,
-                            "tokenizer": str(folder)}  # fmt: skip
+                            "tokenizer": str(folder)}
     if policy is not None:
         pool["policy"] = {"type": "kv_events", **policy}
     return parse_config({"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool}})

@@ -25,7 +25,7 @@ REPLY_BODY = orjson.dumps(
     {"id": "c1", "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
      "message": {"role": "assistant", "content": "All green.", "reasoning_content": None}}],
      "usage": {"prompt_tokens": 5, "completion_tokens": 3}}
-)  # fmt: skip
+)
 
 
 def body(*turns: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def test_a_sent_reply_leaves_the_next_turn_only_its_new_message(tmp_path: Path, 
                 "policy": {"type": "kv_events", "block_size": 16},
                 "price": {"input_per_m": 1.0, "cached_input_per_m": 0.1, "output_per_m": 2.0},
             }},
-        )  # fmt: skip
+        )
         app = create_app(cfg)
         with serve_in_thread(app) as gw:
             gateway: Gateway = app.api.state.gateway
@@ -51,7 +51,7 @@ def test_a_sent_reply_leaves_the_next_turn_only_its_new_message(tmp_path: Path, 
             messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Build it."}]
             if stream:
                 chunks = client.chat.completions.create(model=PUBLIC_MODEL, messages=messages, max_tokens=12,
-                                                        stream=True)  # fmt: skip
+                                                        stream=True)
                 reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             else:
                 done = client.chat.completions.create(model=PUBLIC_MODEL, messages=messages, max_tokens=12)
@@ -61,5 +61,5 @@ def test_a_sent_reply_leaves_the_next_turn_only_its_new_message(tmp_path: Path, 
             hasher = gateway.replies.hashers.get(PUBLIC_MODEL)
             assert hasher is not None
             nxt = {"messages": [*messages, {"role": "assistant", "content": reply},
-                                {"role": "user", "content": "Now test it."}]}  # fmt: skip
+                                {"role": "user", "content": "Now test it."}]}
             assert hasher.unseen_pieces(hasher.render(nxt)) == ["user\nNow test it."]

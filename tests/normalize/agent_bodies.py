@@ -64,7 +64,7 @@ def _tools_chat(n: int = 12) -> list[dict[str, Any]]:
         {"type": "function", "function": {"name": t["name"], "description": t["description"],
                                           "parameters": t["input_schema"]}}
         for t in _tools_anthropic(n)
-    ]  # fmt: skip
+    ]
 
 
 CLAUDE_HEAD = _static("Doing tasks", 12_000)
@@ -107,7 +107,7 @@ def claude_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
     first = [
         {"type": "text", "text": "<system-reminder>\nAs you answer the user's questions, you can use the following "
                                  f"context:\n# currentDate\nToday's date is {ws.day}.\n</system-reminder>"},
-    ]  # fmt: skip
+    ]
     messages: list[dict[str, Any]] = []
     out: list[Request] = []
     for turn in range(turns):
@@ -118,7 +118,7 @@ def claude_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
                 "model": "qwen3-coder", "max_tokens": 32000, "stream": True, "system": claude_system(ws),
                 "tools": _tools_anthropic(), "messages": json.loads(json.dumps(messages)),
                 "metadata": {"user_id": json.dumps({"device_id": "d" * 64, "session_id": sid})},
-            }  # fmt: skip
+            }
             out.append(("first" if turn == 0 and step == 0 else "turn" if step == 0 else "tool", headers, body))
             if step == 0:
                 call = f"toolu_{sid[:4]}{turn}"
@@ -136,7 +136,7 @@ def claude_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
                     }
                 )
                 messages.append({"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": call, "content": OUTPUT_3K}]})  # fmt: skip
+                    {"type": "tool_result", "tool_use_id": call, "content": OUTPUT_3K}]})
             else:
                 messages.append({"role": "assistant", "content": [{"type": "text", "text": f"Fixed {turn}."}]})
     return out
@@ -159,7 +159,7 @@ def opencode_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
         messages.append({"role": "user", "content": f"[{sid}] task {turn}: refactor src/module{turn}.py"})
         for step in range(2):
             body = {"model": "qwen3-coder", "stream": True, "tools": _tools_chat(),
-                    "messages": json.loads(json.dumps(messages))}  # fmt: skip
+                    "messages": json.loads(json.dumps(messages))}
             out.append(("first" if turn == 0 and step == 0 else "turn" if step == 0 else "tool", {}, body))
             if step == 0:
                 call = f"call_{sid[:4]}{turn}"
@@ -179,7 +179,7 @@ def opencode_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
                         ],
                     }
                 )
-                messages.append({"role": "tool", "tool_call_id": call, "content": OUTPUT_3K})  # fmt: skip
+                messages.append({"role": "tool", "tool_call_id": call, "content": OUTPUT_3K})
             else:
                 messages.append({"role": "assistant", "content": f"Refactored {turn}."})
     return out
@@ -197,7 +197,7 @@ def codex_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
             {"type": "input_text", "text": "<permissions instructions>\nsandbox: workspace-write\n"
                                            "</permissions instructions>"}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": env}]},
-    ]  # fmt: skip
+    ]
     tools = [
         {
             "type": "function",
@@ -219,7 +219,7 @@ def codex_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
         for step in range(2):
             body = {"model": "qwen3-coder", "instructions": CODEX_INSTRUCTIONS, "input": json.loads(json.dumps(items)),
                     "tools": tools, "stream": True, "store": False, "include": ["reasoning.encrypted_content"],
-                    "prompt_cache_key": sid}  # fmt: skip
+                    "prompt_cache_key": sid}
             out.append(("first" if turn == 0 and step == 0 else "turn" if step == 0 else "tool", headers, body))
             if step == 0:
                 call = f"call_{sid[:4]}{turn}"
@@ -234,7 +234,7 @@ def codex_session(sid: str, ws: Workspace, turns: int) -> list[Request]:
                 items.append({"type": "function_call_output", "call_id": call, "output": OUTPUT_3K})
             else:
                 items.append({"type": "message", "role": "assistant",
-                              "content": [{"type": "output_text", "text": f"Fixed {turn}."}]})  # fmt: skip
+                              "content": [{"type": "output_text", "text": f"Fixed {turn}."}]})
     return out
 
 

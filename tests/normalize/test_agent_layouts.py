@@ -44,7 +44,7 @@ def replay(client: str, mode: str) -> dict[str, list[tuple[int, int]]]:
         sent = body
         if mode == "on":
             sent, _ = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
-                                opt_out=False, now=NOW, headers=headers)  # fmt: skip
+                                opt_out=False, now=NOW, headers=headers)
         hit = cache.serve(render(client, sent))
         out[kind if phase == "session" else f"{phase}_{kind}"].append(hit)
         out["all"].append(hit)
@@ -81,7 +81,7 @@ def test_each_turn_of_a_session_repeats_the_layout_of_its_first() -> None:
     firsts: list[Any] = []
     for _, headers, body in SESSIONS["messages"]("a1b2c3d4-0009", HOME, 3):
         sent, report = normalize(body, surface=MESSAGES, tenant=tenant("on"), model=model(), memory=memory,
-                                 opt_out=False, now=NOW, headers=headers)  # fmt: skip
+                                 opt_out=False, now=NOW, headers=headers)
         assert report.to_head == 3  # the memory path, the environment, the git status
         firsts.append((sent["system"], sent["messages"][0]))
     assert all(f == firsts[0] for f in firsts)

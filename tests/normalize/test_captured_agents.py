@@ -45,7 +45,7 @@ def replay(client: str, mode: str) -> dict[str, list[tuple[int, int]]]:
         if mode == "on":
             headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
             body, _ = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
-                                opt_out=False, now=NOW, headers=headers)  # fmt: skip
+                                opt_out=False, now=NOW, headers=headers)
         hit = cache.serve(render(name, body))
         for group in (f"{row['session']}/{row['kind']}", str(row["kind"]), "all"):
             out[group].append(hit)
@@ -83,7 +83,7 @@ def test_captured_requests_normalize_once(client: str) -> None:
         _, surface = SURFACES[row["path"]]
         headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
         kwargs: dict[str, Any] = {"surface": surface, "tenant": tenant("on"), "model": model(), "memory": memory,
-                                  "opt_out": False, "now": NOW, "headers": headers}  # fmt: skip
+                                  "opt_out": False, "now": NOW, "headers": headers}
         once, _ = normalize(row["body"], **kwargs)
         twice, _ = normalize(once, **kwargs)
         assert twice == once, row["seq"]

@@ -11,12 +11,12 @@ from tests.normalize.helpers import NOW, STATIC_SYSTEM, model, tenant
 
 def body(task: str, skills: str, *later: dict[str, Any]) -> dict[str, Any]:
     return {"model": "m", "max_tokens": 8, "system": STATIC_SYSTEM,
-            "messages": [{"role": "user", "content": task}, {"role": "system", "content": skills}, *later]}  # fmt: skip
+            "messages": [{"role": "user", "content": task}, {"role": "system", "content": skills}, *later]}
 
 
 def run(b: dict[str, Any], memory: VolatilityMemory, sid: str) -> dict[str, Any]:
     out, _ = normalize(b, surface=MESSAGES, tenant=tenant("on"), model=model(), memory=memory, opt_out=False, now=NOW,
-                       headers={"x-claude-code-session-id": sid})  # fmt: skip
+                       headers={"x-claude-code-session-id": sid})
     return out
 
 
@@ -29,7 +29,7 @@ def test_a_static_system_turn_after_the_first_user_message_goes_before_it_on_eve
     first = run(body("task A", "skills"), memory, "A")
     assert roles(first) == ["system", "user"] and first["messages"][0]["content"] == "skills"
     later = run(body("task A", "skills", {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}),
-                memory, "A")  # fmt: skip
+                memory, "A")
     assert later["messages"][:2] == first["messages"]  # the same start: the session stays append-only
     assert roles(run(body("task B", "skills"), memory, "B")) == ["system", "user"]
 

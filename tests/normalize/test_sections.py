@@ -67,7 +67,7 @@ def test_an_environment_block_inside_a_section_is_a_unit_of_its_own_with_its_int
     )
     found = units(text)
     assert [(k, n, i) for k, n, i, _, _ in found] == [("heading", "Code style", 0), ("tag", "env", 0),
-                                                      ("heading", "Code style", 1)]  # fmt: skip
+                                                      ("heading", "Code style", 1)]
     assert found[1][4].startswith("Here is some useful information") and found[1][4].endswith("</env>")
     assert found[1][3] and found[2][4] == "More text."
 

@@ -42,7 +42,7 @@ def test_the_session_comes_from_headers_then_body_fields_then_the_first_user_tur
     by_history = session_key(None, body, view)
     assert by_history == session_key({}, {**body, "messages": [*body["messages"], {"role": "assistant",
                                                                                   "content": "ok"}]},
-                                     view)  # fmt: skip
+                                     view)
     assert session_key({"x-claude-code-session-id": "s1"}, body, view) != by_history
     meta = {"user_id": json.dumps({"device_id": "d", "session_id": "s1"})}
     assert session_key(None, {**body, "metadata": meta}, view) == session_key(None, {**body, "metadata": meta}, view)
@@ -52,7 +52,7 @@ def test_the_session_comes_from_headers_then_body_fields_then_the_first_user_tur
 
 def _chat(system: str, user: str, *later: dict[str, str]) -> dict[str, object]:
     return {"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user},
-                                       *later]}  # fmt: skip
+                                       *later]}
 
 
 def test_a_section_learned_mid_session_stays_in_place_for_that_session_only() -> None:
@@ -62,7 +62,7 @@ def test_a_section_learned_mid_session_stays_in_place_for_that_session_only() ->
 
     def run(body: dict[str, object], sid: str) -> tuple[dict[str, object], int]:
         out, report = normalize(body, surface=CHAT, tenant=tenant("on"), model=model(), memory=memory,
-                                opt_out=False, now=NOW, headers={"x-session-id": sid})  # fmt: skip
+                                opt_out=False, now=NOW, headers={"x-session-id": sid})
         return out, report.to_head
 
     def system(plan: str) -> str:  # an unnamed section, learned only once it changes between sessions
@@ -73,7 +73,7 @@ def test_a_section_learned_mid_session_stays_in_place_for_that_session_only() ->
     _, moved = run(_chat(system("other plan"), "go"), "B")  # changed between sessions: per session from now on
     assert moved == 1
     a2, moved = run(_chat(system("step one"), "go", {"role": "assistant", "content": "done"},
-                          {"role": "user", "content": "next"}), "A")  # fmt: skip
+                          {"role": "user", "content": "next"}), "A")
     assert moved == 0 and a2["messages"][0]["content"] == system("step one")  # A keeps the layout it started with
     c, moved = run(_chat(system("third"), "go"), "C")
     assert moved == 1 and c["messages"][1]["content"].startswith("# Plan\nthird")

@@ -66,9 +66,9 @@ def test_each_tracked_key_keeps_its_latest_history_beyond_its_prefix() -> None:
     (entry,) = mem.top("p")
     assert entry.history is None and entry.replay() is entry.request, "a first turn is its prefix"
     mem.record("p", "t", 1, chat(("system", "rules"), ("user", "task"), ("assistant", "a1"), ("user", "t2")), None,
-               CHAT)  # fmt: skip
+               CHAT)
     later = chat(("system", "rules"), ("user", "task"), ("assistant", "a1"), ("user", "t2"), ("assistant", "a2"),
-                 ("user", "t3"))  # fmt: skip
+                 ("user", "t3"))
     mem.record("p", "t", 1, later, None, CHAT)
     assert entry.history is not None and entry.history.body is later, "kept by reference, not copied"
     replay = entry.replay()

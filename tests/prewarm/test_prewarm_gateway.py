@@ -33,7 +33,7 @@ def ask(client: openai.OpenAI, i: int, question: str) -> Any:
     return client.chat.completions.create(
         model="m", max_tokens=2,
         messages=[{"role": "system", "content": system_prompt(i)}, {"role": "user", "content": question}],
-    )  # fmt: skip
+    )
 
 
 def cached_via_chat(base: str, i: int, question: str) -> int:
@@ -46,7 +46,7 @@ def cached_via_responses(base: str, i: int, question: str) -> int:
     """Cached input tokens of one Responses request (the OpenAI SDK)."""
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0, timeout=30)
     reply = client.responses.create(model="m", instructions=system_prompt(i), input=question, max_output_tokens=2,
-                                    store=False)  # fmt: skip
+                                    store=False)
     return reply.usage.input_tokens_details.cached_tokens
 
 
@@ -54,13 +54,13 @@ def cached_via_messages(base: str, i: int, question: str) -> int:
     """Cache-read input tokens of one Messages request (the Anthropic SDK)."""
     client = anthropic.Anthropic(base_url=base, api_key="EMPTY", max_retries=0, timeout=30)
     reply = client.messages.create(model="m", max_tokens=2, system=system_prompt(i),
-                                   messages=[{"role": "user", "content": question}])  # fmt: skip
+                                   messages=[{"role": "user", "content": question}])
     return reply.usage.cache_read_input_tokens or 0
 
 
 SURFACES: dict[str, Callable[[str, int, str], int]] = {
     "chat": cached_via_chat, "responses": cached_via_responses, "messages": cached_via_messages,
-}  # fmt: skip
+}
 
 
 def sim() -> Any:
@@ -78,7 +78,7 @@ def joining_gateway(prewarm: dict[str, Any]) -> Iterator[tuple[str, Any, Callabl
     # running session stays where its history is and only new sessions go there: nothing here would move.)
     cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={
         "prewarm": cfg.routing.prewarm.model_copy(update=prewarm),
-        "sessions": cfg.routing.sessions.model_copy(update={"enabled": False})})})  # fmt: skip
+        "sessions": cfg.routing.sessions.model_copy(update={"enabled": False})})})
     app = create_app(cfg)
     gw = app.api.state.gateway
     gw.discoverer.pools["main"].source.resolver = records
@@ -168,14 +168,14 @@ def session_turn_via_messages(base: str, i: int, turns: int) -> tuple[int, int]:
     """(prompt, cached) tokens of session `i`'s request after `turns` turns, through the Anthropic SDK."""
     client = anthropic.Anthropic(base_url=base, api_key="EMPTY", max_retries=0, timeout=30)
     usage = client.messages.create(model="m", max_tokens=2, system=system_prompt(i),
-                                   messages=conversation(i, turns)).usage  # type: ignore[arg-type]  # fmt: skip
+                                   messages=conversation(i, turns)).usage  # type: ignore[arg-type]
     cached = usage.cache_read_input_tokens or 0
     return usage.input_tokens + cached + (usage.cache_creation_input_tokens or 0), cached
 
 
 SESSIONS: dict[str, Callable[[str, int, int], tuple[int, int]]] = {
     "chat": session_turn_via_chat, "messages": session_turn_via_messages,
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("surface", sorted(SESSIONS))

@@ -85,7 +85,7 @@ def comes_back(replica: ReplicaState) -> None:
 
 @asynccontextmanager
 async def warmer(cluster: ClusterState, mem: PrefixMemory, *, meter: Any = None, tracer: Any = None,
-                 **cfg: Any) -> AsyncIterator[Prewarmer]:  # fmt: skip
+                 **cfg: Any) -> AsyncIterator[Prewarmer]:
     w = Prewarmer(PrewarmConfig(**cfg), mem, cluster, meter=meter, tracer=tracer)
     await w.start()
     try:
@@ -113,7 +113,7 @@ class Rejoin:
 
 @asynccontextmanager
 async def rejoining(engine: Engine, prefixes: int, *, meter: Any = None, tracer: Any = None,
-                    **cfg: Any) -> AsyncIterator[Rejoin]:  # fmt: skip
+                    **cfg: Any) -> AsyncIterator[Rejoin]:
     """`engine` serves a replica beside OTHER; `prefixes` are remembered; the replica comes back and is told."""
     with serve_in_thread(engine.app()) as url:
         cluster = cluster_of(url, OTHER, policy="round_robin")
@@ -249,7 +249,7 @@ async def test_the_log_line_and_metrics_hold_counts_not_prompt_text(caplog: pyte
     points = {
         m.name: sum(p.value for p in m.data.data_points if hasattr(p, "value"))
         for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-    }  # fmt: skip
+    }
     assert points["gateway.prewarm.requests"] == 2 and points["gateway.prewarm.runs"] == 1
 
 
@@ -259,13 +259,13 @@ def test_every_run_and_replay_series_starts_at_zero_so_a_first_pre_warm_shows_as
 
     reader = InMemoryMetricReader()
     Prewarmer(PrewarmConfig(), PrefixMemory(PrewarmConfig()), cluster_of(OTHER),
-              meter=MeterProvider(metric_readers=[reader]).get_meter("t"))  # fmt: skip
+              meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
     data = reader.get_metrics_data()
     assert data is not None
     series = {
         (m.name, tuple(sorted(p.attributes.items()))): p.value
         for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics for p in m.data.data_points
-    }  # fmt: skip
+    }
     runs = {dict(k[1])["result"] for k in series if k[0] == "gateway.prewarm.runs"}
     assert runs == set(RUN_RESULTS) and set(series.values()) == {0}
     assert {dict(k[1])["outcome"] for k in series if k[0] == "gateway.prewarm.requests"} == set(REPLAY_OUTCOMES)

@@ -24,9 +24,9 @@ SPECULATIVE = {"speculative": True, "unsupported_params": ["min_p", "logit_bias"
 
 
 def route(cfg: GatewayConfig, cluster: ClusterState, decision: ClassDecision, body: dict[str, Any],
-          exclude: frozenset[str] = frozenset()) -> RouteDecision:  # fmt: skip
+          exclude: frozenset[str] = frozenset()) -> RouteDecision:
     return pick(model=cfg.models[0], decision=decision, key=7, cluster=cluster, cfg=cfg.routing, exclude=exclude,
-                body=body)  # fmt: skip
+                body=body)
 
 
 # -- what counts as setting a parameter --------------------------------------------------------------------
@@ -42,7 +42,7 @@ def route(cfg: GatewayConfig, cluster: ClusterState, decision: ClassDecision, bo
         ("seed", 0, True),  # not in the neutral table: any non-null value counts
         ("top_k", True, True),  # a bool is not the number 1 (vLLM will refuse it; the pool must not see it)
     ],
-)  # fmt: skip
+)
 def test_a_parameter_counts_as_set_only_when_it_changes_sampling(name: str, value: Any, sets: bool) -> None:
     assert sets_param({name: value}, name) is sets
 
@@ -175,7 +175,7 @@ def two_pools() -> Iterator[str]:
                 "auth": {"required": False},
                 "routing": {"allow_spill": False},
             },
-        )  # fmt: skip
+        )
         with running_gateway(cfg) as gw:
             yield gw
 
@@ -201,13 +201,13 @@ def test_gateway_answers_400_when_no_pool_of_the_model_can_serve_the_parameters(
              "pools": {"fast": {"role": "interactive", "served_model": "served-model", "replicas": [fast],
                                 "price": price, "speculative": True}},
              "auth": {"required": False}},
-        )  # fmt: skip
+        )
         with running_gateway(cfg) as gw:
             client = openai.OpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0)
             ok = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                                extra_body={"min_p": 0})  # fmt: skip
+                                                extra_body={"min_p": 0})
             assert ok.choices
             with pytest.raises(openai.BadRequestError) as err:
                 client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                               extra_body={"min_p": 0.1})  # fmt: skip
+                                               extra_body={"min_p": 0.1})
     assert err.value.code == "unsupported_parameter" and err.value.param == "min_p"

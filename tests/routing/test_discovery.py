@@ -117,7 +117,7 @@ def fake_kubernetes_api(slices: list[dict[str, Any]]) -> Iterator[tuple[str, lis
     async def endpointslices(request: Request) -> JSONResponse:
         seen.append(request)
         return JSONResponse({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
-                             "metadata": {"resourceVersion": "1"}, "items": slices})  # fmt: skip
+                             "metadata": {"resourceVersion": "1"}, "items": slices})
 
     app = Starlette(routes=[Route("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", endpointslices)])
     with serve(app, "127.0.0.1", free_port()) as url:
@@ -202,7 +202,7 @@ def test_a_rebuild_keeps_survivors_state_and_new_replicas_wait_for_a_probe() -> 
     second = ClusterState.from_config(
         with_replicas(cfg, {"main": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]}), first,
         probe_before_joining=True,
-    )  # fmt: skip
+    )
     kept, new = second.pools["main"].replicas
     assert kept is survivor and kept.in_flight == 1 and kept.available()
     assert not new.available()

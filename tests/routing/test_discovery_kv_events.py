@@ -27,7 +27,7 @@ BS = 16
 
 def config(dns: str, kv_events: dict[str, Any], **pool: Any) -> Any:
     main = {"role": "interactive", "served_model": "sim", "price": PRICE,
-            "discovery": {"dns": dns, "kv_events": kv_events}, **pool}  # fmt: skip
+            "discovery": {"dns": dns, "kv_events": kv_events}, **pool}
     raw = {
         "models": [{"name": "m", "pools": ["main"]}],
         "pools": {"main": main},
@@ -71,9 +71,9 @@ def test_a_discovered_replica_is_subscribed_when_it_appears_and_unsubscribed_whe
     port, pub, replay = _port_free_on_both(), free_port(), free_port()
     # The engine binds its PUB and replay sockets on every interface, as vLLM does with tcp://*:port.
     opts = SimOptions(model="sim", tokenizer=str(model), block_size=BS, kv_events=f"tcp://*:{pub}",
-                      kv_replay=f"tcp://*:{replay}", kv_topic="kv", time_scale=50)  # fmt: skip
+                      kv_replay=f"tcp://*:{replay}", kv_topic="kv", time_scale=50)
     cfg = config(f"replicas.test:{port}", {"endpoint": f"tcp://{{host}}:{pub}", "replay": f"tcp://{{host}}:{replay}"},
-                 tokenizer=str(model), policy={"type": "kv_events", "block_size": BS})  # fmt: skip
+                 tokenizer=str(model), policy={"type": "kv_events", "block_size": BS})
     records = Records("127.0.0.1")
     app = create_app(cfg)
     gw = app.api.state.gateway

@@ -69,7 +69,7 @@ def _cfg(fast: dict[str, Any], replicas: tuple[str, str] = ("http://127.0.0.1:9"
                            **fast},
                   "bulk": {"role": "bulk", "served_model": "s", "replicas": [replicas[1]], "price": PRICE}},
         "auth": {"required": False}, "routing": {"allow_spill": False, "probe_interval_s": 0.2},
-    })  # fmt: skip
+    })
 
 
 def test_published_speculation_and_slots_apply_where_the_config_is_silent() -> None:
@@ -111,7 +111,7 @@ def test_configured_unsupported_params_add_to_what_the_engine_implies() -> None:
 @pytest.fixture
 def unmarked_pools() -> Iterator[str]:
     with running_sim(model="s", speculative="ngram:3:0.6") as fast, running_sim(model="s") as bulk, \
-            running_gateway(_cfg({}, (fast, bulk))) as gw:  # fmt: skip
+            running_gateway(_cfg({}, (fast, bulk))) as gw:
         _wait_for(gw, 'gateway_engine_speculative{pool="fast"')
         yield gw
 
@@ -130,7 +130,7 @@ def test_min_p_to_a_pool_that_only_publishes_its_speculation_is_served_by_the_ot
     plain = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=4)
     assert plain.headers["x-kvgate-route"].startswith("pool=fast;")
     raw = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=4,
-                                                           extra_body={"min_p": 0.1})  # fmt: skip
+                                                           extra_body={"min_p": 0.1})
     route = raw.headers["x-kvgate-route"]
     assert route.startswith("pool=bulk;") and "pick=capability:min_p" in route
     assert raw.parse().choices[0].message.content is not None

@@ -64,7 +64,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, SimProcess, S
     upstream settings)."""
     param = getattr(request, "param", 1)
     upstream = {"connect_timeout_s": 1, "retries": 2, "max_migrations": 1,
-                **(param if isinstance(param, dict) else {"max_migrations": param})}  # fmt: skip
+                **(param if isinstance(param, dict) else {"max_migrations": param})}
     sims = [SimProcess(), SimProcess()]
     try:
         for s in sims:
@@ -77,7 +77,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, SimProcess, S
             "auth": {"required": False},
             "upstream": upstream,
             "routing": {"probe_interval_s": 0.3},
-        })  # fmt: skip
+        })
         with serve_in_thread(create_app(cfg)) as gw:
             yield gw, sims[0], sims[1]
     finally:
@@ -91,7 +91,7 @@ async def _load(client: openai.AsyncOpenAI, until: float, failures: list[str], d
             await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": f"question {done[0]} about failover"}],
                 max_tokens=8,
-            )  # fmt: skip
+            )
             done[0] += 1
         except openai.APIError as err:
             failures.append(repr(err))
@@ -127,7 +127,7 @@ async def _stream(
     http: httpx.AsyncClient, gw: str, i: int, started: asyncio.Event, count: list[int], until_done: bool = False
 ) -> list[bytes]:
     body = {"model": MODEL, "stream": True, "max_tokens": 400 if until_done else 3000, "ignore_eos": True,
-            "messages": [{"role": "user", "content": f"stream {i}"}]}  # fmt: skip
+            "messages": [{"role": "user", "content": f"stream {i}"}]}
     events: list[bytes] = []
     async with http.stream("POST", gw + "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
@@ -143,7 +143,7 @@ async def _stream(
                             started.set()
                     events.append(event[5:].strip())
                     if (not until_done and events[-1] != b"[DONE]" and "error" not in orjson.loads(events[-1])
-                            and len(events) > 40):  # fmt: skip
+                            and len(events) > 40):
                         return events  # a survivor's stream: long enough, stop reading
     return events
 

@@ -106,7 +106,7 @@ def pool_cfg(replicas: list[object], **extra: object) -> dict[str, object]:
 
 def test_replicas_may_be_objects_with_their_kv_event_endpoints() -> None:
     raw = {"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool_cfg(
-        [A, {"url": B + "/", "kv_events": "tcp://127.0.0.1:5557", "kv_replay": "tcp://127.0.0.1:5558"}])}}  # fmt: skip
+        [A, {"url": B + "/", "kv_events": "tcp://127.0.0.1:5557", "kv_replay": "tcp://127.0.0.1:5558"}])}}
     p = parse_config(raw).pools["p"]
     assert p.replicas == [A, B]
     assert p.replica_events[B].endpoint == "tcp://127.0.0.1:5557" and p.replica_events[B].topic == "kv"

@@ -404,7 +404,7 @@ async def test_a_snapshot_lands_in_the_cluster_state_discovery_put_in_place() ->
 def test_sharing_needs_a_shared_store_and_can_be_turned_off() -> None:
     base = {"models": [{"name": "m", "pools": ["p"]}],
             "pools": {"p": {"role": "interactive", "served_model": "m", "replicas": FAST,
-                            "price": {"gpu_hour_usd": 1, "capacity_tokens_per_s": 10}}}}  # fmt: skip
+                            "price": {"gpu_hour_usd": 1, "capacity_tokens_per_s": 10}}}}
     cluster = make_cluster(make_config(FAST))
     store = MemoryStore()
     assert PeerLoad.for_config(parse_config(base), store, lambda: cluster) is None
@@ -421,7 +421,7 @@ async def test_two_gateways_on_one_redis_share_a_snapshot_in_the_background(redi
                            "price": {"gpu_hour_usd": 1, "capacity_tokens_per_s": 10}}},
            "store": {"url": redis_url, "key_prefix": key_prefix, "socket_timeout_s": 2},
            "routing": {"probe_interval_s": 60,
-                       "peer_load": {"interval_s": 0.05, "ttl_s": 1}}}  # fmt: skip
+                       "peer_load": {"interval_s": 0.05, "ttl_s": 1}}}
     a, b = Gateway(parse_config(raw)), Gateway(parse_config(raw))
     await a.start()
     await b.start()

@@ -35,7 +35,7 @@ def _replicas_by_state(gw: str) -> dict[str, float]:
 def test_replicas_are_counted_per_pool_by_state_zeros_included() -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: its first probe fails
     with running_sim(model="served-model", time_scale=50.0, profile="h100-8b") as sim, \
-            running_gateway(gateway_config([sim, dead])) as gw:  # fmt: skip
+            running_gateway(gateway_config([sim, dead])) as gw:
         deadline = time.monotonic() + 15
         while (states := _replicas_by_state(gw)).get("unhealthy") != 1 and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -127,7 +127,7 @@ def keys_by_session(client: str, surface: Any) -> dict[str, set[tuple[int, str]]
 
 def test_each_captured_session_of_each_client_has_one_key_of_its_own() -> None:
     for client, surface, source in (("claude", MESSAGES, "header"), ("codex", RESPONSES, "prompt_cache_key"),
-                                    ("opencode", CHAT, "header")):  # fmt: skip
+                                    ("opencode", CHAT, "header")):
         found = keys_by_session(client, surface)
         if not found:
             continue
@@ -141,7 +141,7 @@ def test_claude_codes_metadata_session_is_the_same_session_as_its_header() -> No
     by_header = session_key({"x-claude-code-session-id": "abc"}, {}, MESSAGES.view({"messages": []}), "s")
     by_meta = session_key({}, meta, MESSAGES.view({"messages": []}), "s")
     old_style = session_key({}, {"metadata": {"user_id": "user_1f_account__session_abc"}},
-                            MESSAGES.view({"messages": []}), "s")  # fmt: skip
+                            MESSAGES.view({"messages": []}), "s")
     assert by_header is not None and by_meta is not None and old_style is not None
     assert by_header.key == by_meta.key == old_style.key and by_meta.source == "metadata"
 
@@ -149,7 +149,7 @@ def test_claude_codes_metadata_session_is_the_same_session_as_its_header() -> No
 def test_without_a_named_session_the_history_names_it_and_tenants_never_share_one() -> None:
     def body(first: str, turns: int) -> dict[str, Any]:
         msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
-                                      {"role": "user", "content": first}]  # fmt: skip
+                                      {"role": "user", "content": first}]
         for i in range(turns):
             msgs += [{"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": f"go on {i}"}]
         return {"messages": msgs}

@@ -183,9 +183,9 @@ def test_open_breaker_readmits_one_trial_after_cooldown_then_closes_on_success()
 # -- the hot path's inlined twin: PoolState.candidates runs ReplicaState.available() inlined --------------------
 @given(st.lists(st.tuples(st.booleans(), st.booleans(), st.sampled_from(["closed", "open", "half_open"]),
                           st.booleans()), min_size=1, max_size=6),
-       st.sets(st.integers(0, 5)))  # fmt: skip
+       st.sets(st.integers(0, 5)))
 def test_candidates_are_exactly_the_available_replicas_not_excluded(flags: list[tuple[bool, bool, str, bool]],
-                                                                    excluded: set[int]) -> None:  # fmt: skip
+                                                                    excluded: set[int]) -> None:
     urls = [f"http://127.0.0.1:{9100 + i}" for i in range(len(flags))]
     pool = ClusterState.from_config(make_config(urls, [])).pools["fast"]
     for replica, (healthy, warming, breaker, refreshed) in zip(pool.replicas, flags, strict=True):

@@ -112,7 +112,7 @@ def sim(model: Path, endpoints: tuple[str, str]) -> Iterator[str]:
     with running_sim(
         tokenizer=str(model), block_size=BS, kv_blocks=400, kv_events=endpoints[0], kv_replay=endpoints[1],
         kv_topic=TOPIC,
-    ) as base:  # fmt: skip
+    ) as base:
         yield base
 
 
@@ -138,7 +138,7 @@ async def test_a_request_publishes_block_stored_in_vllms_wire_format(
     # vLLM's field order and values: ints of the low 64 bits, chained parent, the block's own tokens.
     first = stored[0]
     assert list(first) == ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                           "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"]  # fmt: skip
+                           "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"]
     assert first["parent_block_hash"] is None and first["medium"] == "GPU" and first["block_size"] == BS
     assert first["group_idx"] == 0 and first["kv_cache_spec_kind"] == "full_attention"
     published = [h for e in stored for h in e["block_hashes"]]
@@ -182,7 +182,7 @@ async def test_eviction_publishes_block_removed_and_the_index_forgets(model: Pat
     ha, hb = rb.blocks({"messages": a}).hashes, rb.blocks({"messages": b}).hashes
     kv_blocks = len(hb) + 2  # room for one prompt only: B's prefill must evict A's cached blocks
     with running_sim(tokenizer=str(model), block_size=BS, kv_blocks=kv_blocks, kv_events=endpoints[0],
-                     kv_replay=endpoints[1], kv_topic=TOPIC) as base:  # fmt: skip
+                     kv_replay=endpoints[1], kv_topic=TOPIC) as base:
         async with hub_for(base, *endpoints) as hub:
             await whole(hub, base)
             await chat(base, a)

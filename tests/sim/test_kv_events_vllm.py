@@ -51,11 +51,11 @@ async def test_sim_and_vllm_publish_the_same_hashes_and_report_the_same_cached_t
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
     pub, replay = f"ipc://{tmp_path}/kv", f"tcp://127.0.0.1:{free_port()}"
     with running_sim(model=MODEL, tokenizer=str(SMOLLM2), block_size=BLOCK, max_model_len=2048, kv_events=pub,
-                     kv_replay=replay, kv_topic="kv") as sim:  # fmt: skip
+                     kv_replay=replay, kv_topic="kv") as sim:
         hub = KvEventsHub([
             EventSource(sim, pub, replay, topic="kv", bind=False),
             EventSource(VLLM, *VLLM_EVENTS, topic=os.environ.get("KVGATE_KV_TOPIC", "kv")),
-        ])  # fmt: skip
+        ])
         await hub.start()
         try:
             await until(lambda: hub.is_whole(sim) and hub.is_whole(VLLM))

@@ -65,7 +65,7 @@ def test_count_tokens_is_the_prompt_the_stream_reports(client: anthropic.Anthrop
 def test_a_changing_billing_header_still_reads_the_cache(client: anthropic.Anthropic) -> None:
     def ask(nonce: str) -> anthropic.types.Usage:
         system = [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=1; cch={nonce};"},
-                  {"type": "text", "text": LONG}]  # fmt: skip
+                  {"type": "text", "text": LONG}]
         return client.messages.create(model=MODEL, system=system, messages=HI, max_tokens=2).usage  # type: ignore[arg-type]
 
     first, again = ask("4f8a2"), ask("91bc0")
@@ -74,7 +74,7 @@ def test_a_changing_billing_header_still_reads_the_cache(client: anthropic.Anthr
     # Anthropic's split: input_tokens excludes what the cache read or wrote.
     assert again.input_tokens == first.input_tokens
     with client.messages.stream(model=MODEL, system=[{"type": "text", "text": LONG}], messages=HI,  # type: ignore[arg-type]
-                                max_tokens=2) as s:  # fmt: skip
+                                max_tokens=2) as s:
         streamed = s.get_final_message().usage
     assert streamed.cache_read_input_tokens == again.cache_read_input_tokens
 
@@ -96,7 +96,7 @@ def test_unknown_model_is_a_not_found_error_in_the_anthropic_envelope(client: an
     r = httpx.post(base + "/v1/messages", json={"model": "nope", "messages": HI, "max_tokens": 4})
     assert r.status_code == 404
     assert r.json() == {"type": "error", "error": {"type": "NotFoundError", "message":
-                        f"The model `nope` does not exist. Valid aliases: {MODEL}."}}  # fmt: skip
+                        f"The model `nope` does not exist. Valid aliases: {MODEL}."}}
     assert shape(r.json()) == shape(real("msg_bad_model.json"))
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="nope", messages=HI, max_tokens=4)  # type: ignore[arg-type]
@@ -119,7 +119,7 @@ def test_tool_use_and_tool_result_turns_render(client: anthropic.Anthropic) -> N
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {"c": "x"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
                                      {"type": "text", "text": "Thanks"}]},
-    ]  # fmt: skip
+    ]
     tools = [{"name": "weather", "input_schema": {"type": "object"}}]
     with_tools = client.messages.count_tokens(model=MODEL, messages=messages, tools=tools)  # type: ignore[arg-type]
     without = client.messages.count_tokens(model=MODEL, messages=messages)  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ def _post(base: str, path: str, body: dict[str, object], ask: str | None) -> htt
 @pytest.mark.parametrize("path,body", [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
     ("/v1/completions", {"prompt": "hi"}),
-])  # fmt: skip
+])
 def test_a_whole_reply_that_asks_carries_the_report(base: str, path: str, body: dict[str, object]) -> None:
     r = _post(base, path, body, "TEXT")
     assert r.status_code == 200

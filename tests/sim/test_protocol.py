@@ -14,7 +14,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 
 def _parse(body: dict[str, Any], **kw: Any) -> Any:
     args: dict[str, Any] = {"tokenizer": FallbackTokenizer(), "served_model": "m", "max_model_len": 64,
-                            "priority_enabled": False, "header_priority": None, "default_system": None}  # fmt: skip
+                            "priority_enabled": False, "header_priority": None, "default_system": None}
     args.update(kw)
     return parse_generation("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}, **args)
 
@@ -28,7 +28,7 @@ def _parse(body: dict[str, Any], **kw: Any) -> Any:
         ({"type": "function", "function": {"name": "f"}},
          'tool_choice=function "f" requires --tool-call-parser to be set'),
     ],
-)  # fmt: skip
+)
 def test_tools_need_the_servers_tool_calling_flags(choice: object, message: str) -> None:
     body: dict[str, Any] = {"tools": TOOLS}
     if choice is not None:
@@ -49,7 +49,7 @@ def test_max_tokens_is_clamped_to_the_room_left_but_refused_beyond_the_model_len
     with pytest.raises(SimHTTPError) as e:
         _parse({"max_tokens": 65})
     assert e.value.message == ("max_tokens=65 cannot be greater than max_model_len=64. Please request fewer "
-                               "output tokens. (parameter=max_tokens, value=65)")  # fmt: skip
+                               "output tokens. (parameter=max_tokens, value=65)")
 
 
 def test_a_prompt_longer_than_the_context_is_refused() -> None:

@@ -97,7 +97,7 @@ def test_render_is_403_without_scale_out_as_vllm_answers() -> None:
         assert r.status_code == 403
         assert r.json() == {"error": {
             "message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
-            "type": "PermissionDeniedError", "param": None, "code": 403}}  # fmt: skip
+            "type": "PermissionDeniedError", "param": None, "code": 403}}
         assert post(url, "/v1/completions/render", {"prompt": "x"}).status_code == 403
 
 
@@ -119,7 +119,7 @@ def test_tokenize_and_detokenize_errors_match_vllm(base: str) -> None:
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("2 validation errors:")
     assert r.json()["error"]["param"] == "body.prompt"
     r = post(base, "/tokenize", {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True,
-                                 "continue_final_message": True})  # fmt: skip
+                                 "continue_final_message": True})
     assert r.json()["error"]["message"] == BOTH_FLAGS
     assert post(base, "/detokenize", {"model": "nope", "tokens": [1]}).status_code == 404
     assert post(base, "/tokenize", [1]).status_code == 400
@@ -134,7 +134,7 @@ def test_with_a_model_folder_chat_ids_are_the_gateways_prediction(model: Path) -
                       {"role": "assistant", "content": "item 1"}, {"role": "user", "content": "and 2?"}]},
         {"messages": [{"role": "user", "content": "weigh it"}], "tools": tools},
         {"messages": [{"role": "user", "content": "no prompt"}], "add_generation_prompt": False},
-    ]  # fmt: skip
+    ]
     tool_flags: dict[str, Any] = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
     with running_sim(tokenizer=str(model), block_size=16, **tool_flags) as url:
         for body in bodies:
@@ -156,7 +156,7 @@ def test_metrics_cache_config_info_carries_block_size_blocks_and_hash_algo() -> 
         text = httpx.get(url + "/metrics").text
     line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
     for label in ('block_size="32"', 'num_gpu_blocks="123"', 'prefix_caching_hash_algo="sha256"',
-                  'enable_prefix_caching="True"'):  # fmt: skip
+                  'enable_prefix_caching="True"'):
         assert label in line
     assert "max_num_seqs" not in line  # as vLLM 0.32: it publishes --max-num-seqs nowhere
 

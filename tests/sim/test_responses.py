@@ -51,13 +51,13 @@ async def test_async_create_through_the_sdk(base: str) -> None:
     async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0) as aclient:
         r = await aclient.responses.create(model=MODEL, input=[{"role": "user", "content": [
             {"type": "input_text", "text": "Say hi."}]}], instructions="Be brief.", max_output_tokens=3,
-            extra_body={"ignore_eos": True})  # fmt: skip
+            extra_body={"ignore_eos": True})
     assert r.instructions == "Be brief." and r.usage is not None and r.usage.output_tokens == 3
 
 
 def test_stream_through_the_sdk_is_the_real_event_sequence(client: openai.OpenAI) -> None:
     events = list(client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=3, stream=True,
-                                          extra_body={"ignore_eos": True}))  # fmt: skip
+                                          extra_body={"ignore_eos": True}))
     want = [name for name, _ in real_events("resp_stream.txt")]
     assert [e.type for e in events] == want
     assert [e.sequence_number for e in events] == list(range(len(want)))
@@ -82,7 +82,7 @@ def test_a_repeated_prompt_reports_cached_tokens_on_both_paths(client: openai.Op
     assert first.usage.input_tokens_details.cached_tokens == 0
     assert again.usage.input_tokens_details.cached_tokens >= 256  # full 128-token blocks of the shared prefix
     streamed = list(client.responses.create(model=MODEL, instructions=LONG, input="Say hi.", max_output_tokens=2,
-                                            stream=True))  # fmt: skip
+                                            stream=True))
     final = streamed[-1]
     assert final.type == "response.completed" and final.response.usage is not None
     assert final.response.usage.input_tokens_details.cached_tokens == again.usage.input_tokens_details.cached_tokens
@@ -123,7 +123,7 @@ def test_with_the_store_a_response_can_be_fetched_and_continued(stored: str) -> 
     fetched = client.responses.retrieve(first.id)
     assert fetched.id == first.id and fetched.output_text == first.output_text
     follow = client.responses.create(model=MODEL, input="And again.", previous_response_id=first.id,
-                                     max_output_tokens=2)  # fmt: skip
+                                     max_output_tokens=2)
     assert follow.previous_response_id == first.id
     assert first.usage is not None and follow.usage is not None
     assert follow.usage.input_tokens > first.usage.input_tokens  # the earlier turn is in the prompt
@@ -134,7 +134,7 @@ def test_with_the_store_a_response_can_be_fetched_and_continued(stored: str) -> 
 def test_with_the_store_a_background_response_is_queued_then_completed(stored: str) -> None:
     client = openai.OpenAI(base_url=stored + "/v1", api_key="unused", max_retries=0)
     queued = client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=3, background=True,
-                                     extra_body={"ignore_eos": True})  # fmt: skip
+                                     extra_body={"ignore_eos": True})
     assert queued.status == "queued" and queued.output == []
     deadline = time.monotonic() + 10
     while (got := client.responses.retrieve(queued.id)).status == "queued" and time.monotonic() < deadline:
@@ -145,7 +145,7 @@ def test_with_the_store_a_background_response_is_queued_then_completed(stored: s
 def test_with_the_store_a_running_background_response_can_be_cancelled(stored: str) -> None:
     client = openai.OpenAI(base_url=stored + "/v1", api_key="unused", max_retries=0)
     queued = client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=1500, background=True,
-                                     extra_body={"ignore_eos": True})  # fmt: skip
+                                     extra_body={"ignore_eos": True})
     cancelled = client.responses.cancel(queued.id)
     assert cancelled.status == "cancelled"
     time.sleep(0.05)

@@ -12,9 +12,9 @@ def _token_at(req: SimRequest, k: int) -> int:
 
 
 def _req(rid: str, n_prompt: int, max_tokens: int, *, start: int = 0, eos_at: int | None = None,
-         priority: int = 0, seq: int = 0) -> SimRequest:  # fmt: skip
+         priority: int = 0, seq: int = 0) -> SimRequest:
     return SimRequest(rid, list(range(start, start + n_prompt)), max_tokens=max_tokens, eos_at=eos_at,
-                      priority=priority, seq=seq, arrival=float(seq))  # fmt: skip
+                      priority=priority, seq=seq, arrival=float(seq))
 
 
 def _step(s: Scheduler, t: float = 0.0) -> tuple[list[Scheduled], list[tuple[SimRequest, int]]]:

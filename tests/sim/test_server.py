@@ -41,7 +41,7 @@ def test_streaming_with_include_usage_through_the_openai_sdk(client: openai.Open
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=MSGS, max_tokens=40, stream=True, stream_options={"include_usage": True},
         seed=3, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": "req-42"},
-    ))  # fmt: skip
+    ))
     assert {c.id for c in chunks} == {"chatcmpl-req-42"}
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -59,7 +59,7 @@ def test_streaming_with_include_usage_through_the_openai_sdk(client: openai.Open
 
 def test_x_request_id_is_echoed_and_names_the_completion(base: str) -> None:
     r = httpx.post(base + "/v1/chat/completions", headers={"X-Request-Id": "abc"},
-                   json={"model": MODEL, "messages": MSGS, "max_tokens": 2})  # fmt: skip
+                   json={"model": MODEL, "messages": MSGS, "max_tokens": 2})
     assert r.headers["x-request-id"] == "abc"
     assert r.json()["id"] == "chatcmpl-abc"
 
@@ -67,7 +67,7 @@ def test_x_request_id_is_echoed_and_names_the_completion(base: str) -> None:
 def test_output_is_deterministic_per_seed_and_differs_across_seeds(client: openai.OpenAI) -> None:
     def text(seed: int) -> str:
         r = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=24, seed=seed,
-                                           extra_body={"ignore_eos": True})  # fmt: skip
+                                           extra_body={"ignore_eos": True})
         return r.choices[0].message.content or ""
 
     assert text(11) == text(11)
@@ -77,7 +77,7 @@ def test_output_is_deterministic_per_seed_and_differs_across_seeds(client: opena
 def test_a_seeded_request_continuing_its_own_opening_goes_on_after_it(client: openai.OpenAI, base: str) -> None:
     def chat(messages: list[dict[str, str]], n: int, **extra: object) -> str:
         r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=n, seed=5,  # type: ignore[arg-type]
-                                           extra_body={"ignore_eos": True, **extra})  # fmt: skip
+                                           extra_body={"ignore_eos": True, **extra})
         return r.choices[0].message.content or ""
 
     whole = chat(MSGS, 30)
@@ -89,21 +89,21 @@ def test_a_seeded_request_continuing_its_own_opening_goes_on_after_it(client: op
         "model": MODEL, "max_output_tokens": 18, "seed": 5, "ignore_eos": True,
         "input": [*MSGS, {"type": "message", "role": "assistant", "status": "in_progress", "id": "msg_1",
                           "content": [{"type": "output_text", "text": opening, "annotations": []}]}],
-    })  # fmt: skip
+    })
     assert opening + r.json()["output"][0]["content"][0]["text"] == whole  # vLLM's in-progress item continues
 
 
 def test_ignore_eos_gives_exactly_max_tokens(client: openai.OpenAI) -> None:
     for n in (1, 17, 300):
         r = client.completions.create(model=MODEL, prompt="count with me", max_tokens=n,
-                                      extra_body={"ignore_eos": True})  # fmt: skip
+                                      extra_body={"ignore_eos": True})
         assert r.usage is not None and r.usage.completion_tokens == n
         assert r.choices[0].finish_reason == "length"
 
 
 def test_n_returns_that_many_choices_and_counts_all_their_tokens(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=8, n=3, seed=1,
-                                       extra_body={"ignore_eos": True})  # fmt: skip
+                                       extra_body={"ignore_eos": True})
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert r.usage is not None and r.usage.completion_tokens == 24
     assert len({c.message.content for c in r.choices}) == 3
@@ -123,10 +123,10 @@ def test_n_returns_that_many_choices_and_counts_all_their_tokens(client: openai.
         ("nul\x00", "Parameter 'cache_salt' must be at most 128 characters and must not contain "
                     "'@', '/', '\\\\', or NUL. (parameter=cache_salt)"),
     ],
-)  # fmt: skip
+)
 def test_invalid_cache_salt_is_rejected_with_vllms_body(base: str, salt: object, message: str) -> None:
     r = httpx.post(base + "/v1/chat/completions",
-                   json={"model": MODEL, "messages": MSGS, "max_tokens": 2, "cache_salt": salt})  # fmt: skip
+                   json={"model": MODEL, "messages": MSGS, "max_tokens": 2, "cache_salt": salt})
     assert r.status_code == 400
     assert r.json() == {"error": {"message": message, "type": "BadRequestError", "param": "cache_salt", "code": 400}}
 
@@ -153,7 +153,7 @@ def test_unknown_model_is_404_as_vllm_says_it(base: str) -> None:
     r = httpx.post(base + "/v1/chat/completions", json={"model": "nope", "messages": MSGS})
     assert r.status_code == 404
     assert r.json()["error"] == {"message": f"The model `nope` does not exist. Valid aliases: {MODEL}.",
-                                 "type": "NotFoundError", "param": "model", "code": 404}  # fmt: skip
+                                 "type": "NotFoundError", "param": "model", "code": 404}
 
 
 def test_max_tokens_beyond_the_model_length_is_400(base: str) -> None:
@@ -182,7 +182,7 @@ def test_metrics_use_vllm_names_and_spec_counters_add_up(base: str, client: open
                  "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
                  "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count",
                  "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
-                 "vllm:request_time_per_output_token_seconds_count"):  # fmt: skip
+                 "vllm:request_time_per_output_token_seconds_count"):
         assert (name, ()) in m, name
     assert m[("vllm:request_success_total", (("finished_reason", "length"),))] >= 1
     drafts = m[("vllm:spec_decode_num_drafts_total", ())]

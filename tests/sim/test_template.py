@@ -9,7 +9,7 @@ from app.sim.template import SMOLLM2_DEFAULT_SYSTEM, TemplateError, render_chat
 
 def test_turns_render_in_message_order_with_a_generation_prompt() -> None:
     text = render_chat([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                        {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}])  # fmt: skip
+                        {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}])
     assert text == (
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
         "<|im_start|>assistant\nA<|im_end|>\n<|im_start|>user\nV<|im_end|>\n<|im_start|>assistant\n"

@@ -18,7 +18,7 @@ def chat(*messages: tuple[str, str], **extra: Any) -> dict[str, Any]:
 
 def test_the_warm_request_is_the_leading_system_messages_tools_and_first_user_message_for_one_token() -> None:
     body = chat(("system", "rules"), ("developer", "more rules"), ("user", "task 1"), ("assistant", "done"),
-                ("user", "task 2"), tools=TOOLS, tool_choice="none", temperature=0.2, stream=True)  # fmt: skip
+                ("user", "task 2"), tools=TOOLS, tool_choice="none", temperature=0.2, stream=True)
     warm = CHAT.warm_request(body, 10_000)
     assert warm is not None and warm.path == "/v1/chat/completions"
     assert [m["content"] for m in warm.body["messages"]] == ["rules", "more rules", "task 1"]
@@ -41,7 +41,7 @@ def test_a_prefix_longer_than_max_chars_has_no_warm_request() -> None:
 
 def test_reply_usage_reads_prompt_and_cached_tokens() -> None:
     usage = CHAT.reply_usage({"usage": {"prompt_tokens": 40, "completion_tokens": 1,
-                                        "prompt_tokens_details": {"cached_tokens": 32}}})  # fmt: skip
+                                        "prompt_tokens_details": {"cached_tokens": 32}}})
     assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (40, 32, 1)
 
 
@@ -49,7 +49,7 @@ def test_the_warm_history_is_every_message_so_far_with_what_the_template_reads()
     calls = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}]
     body = chat(("system", "rules"), ("user", "task 1"), tools=TOOLS, tool_choice="none", temperature=0.2)
     body["messages"] += [{"role": "assistant", "content": None, "tool_calls": calls},
-                         {"role": "tool", "tool_call_id": "c1", "content": "result"}]  # fmt: skip
+                         {"role": "tool", "tool_call_id": "c1", "content": "result"}]
     history, prefix = CHAT.warm_history(body, 10_000), CHAT.warm_request(body, 10_000)
     assert history is not None and prefix is not None and history.path == "/v1/chat/completions"
     assert history.body["messages"] == body["messages"] and history.body["messages"] is not body["messages"]

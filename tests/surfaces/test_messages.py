@@ -19,7 +19,7 @@ def claude_code(**extra: object) -> dict[str, object]:
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
         ],
         **extra,
-    }  # fmt: skip
+    }
 
 
 def test_the_warm_request_is_system_tools_and_the_first_user_message_for_one_token() -> None:

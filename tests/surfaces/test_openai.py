@@ -46,7 +46,7 @@ def test_capture_usage_ignores_missing_usage() -> None:
 # -- the hot path's inlined twin: ChunkObserver.observe runs plain_token_chunk() inlined ---------------------
 _KEYS = st.sampled_from([b'"finish_reason":null', b'"finish_reason": null', b'"finish_reason":"stop"',
                          b'"usage":null', b'"usage":{"prompt_tokens":1}', b'"usage" :null', b'"error":{"m":1}',
-                         b'"content":"finish_reason"', b'"logprobs":null'])  # fmt: skip
+                         b'"content":"finish_reason"', b'"logprobs":null'])
 
 
 class _ReferenceObserver(ChunkObserver):
@@ -54,7 +54,7 @@ class _ReferenceObserver(ChunkObserver):
 
     def observe(self, event: bytes) -> bytes | None:
         if (event.startswith((b"data: {", b"data:{")) and self._ctx.timing.first_token
-                and _plain_token_chunk(event)):  # fmt: skip
+                and _plain_token_chunk(event)):
             self.delivered += 1
             return event
         return self._parsed(event)
@@ -62,7 +62,7 @@ class _ReferenceObserver(ChunkObserver):
 
 def _outcome(cls: type[ChunkObserver], event: bytes) -> tuple[object, ...]:
     ctx = RequestContext(request_id="r", surface=CHAT, path="/v1/chat/completions", body={}, model="served",
-                         stream=True, client_wants_usage=True, headers={})  # fmt: skip
+                         stream=True, client_wants_usage=True, headers={})
     ctx.timing.first_token = 1.0  # past the first token: the fast path is open
     observer = cls(ctx, "served")
     try:

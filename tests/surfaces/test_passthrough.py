@@ -82,7 +82,7 @@ def test_upstream_route_not_found_and_non_object_errors_become_an_openai_envelop
 ) -> None:
     got = orjson.loads(RERANK.upstream_error(404, b'{"detail":"Not Found"}'))
     assert got == {"error": {"message": "This model's replicas do not serve rerank.", "type": "invalid_request_error",
-                             "param": None, "code": "unknown_url"}}  # fmt: skip
+                             "param": None, "code": "unknown_url"}}
     vllm = b'{"error":{"message":"bad","type":"BadRequestError","param":"body.tokens","code":400}}'
     assert DETOKENIZE.upstream_error(400, vllm) is vllm
     html = orjson.loads(TOKENIZE.upstream_error(413, b"<html>Request Entity Too Large</html>"))
@@ -141,7 +141,7 @@ class RecordingUpstream:
             "/classify": {"id": "classify-1", "object": "list", "created": 1, "model": model,
                           "data": [{"index": 0, "label": "pos", "probs": [0.9, 0.1], "num_classes": 2}],
                           "usage": usage},
-        }  # fmt: skip
+        }
         key = "/" + path.rsplit("/", 1)[-1]
         return JSONResponse(replies[key])
 
@@ -214,7 +214,7 @@ def test_route_the_replicas_do_not_serve_answers_in_openai_envelope(gateway: str
     resp = post(gateway, "/classify", {"model": PUBLIC_MODEL, "input": "a"})
     assert resp.status_code == 404
     assert resp.json()["error"] == {"message": "This model's replicas do not serve classify.",
-                                    "type": "invalid_request_error", "param": None, "code": "unknown_url"}  # fmt: skip
+                                    "type": "invalid_request_error", "param": None, "code": "unknown_url"}
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_route_the_replicas_do_not_serve_answers_in_openai_envelope(gateway: str
         ("/tokenize", {"model": PUBLIC_MODEL, "prompt": "x", "stream": "yes"}, "sk-acme", 400, None),
         ("/v1/rerank", ["not", "an", "object"], "sk-acme", 400, "invalid_json"),
     ],
-)  # fmt: skip
+)
 def test_gateway_errors_on_pass_through_paths_are_openai_envelopes(
     gateway: str, path: str, body: Any, key: str | None, status: int, code: str | None
 ) -> None:
@@ -251,7 +251,7 @@ def test_rpm_limit_counts_pass_through_requests(upstream: tuple[RecordingUpstrea
     with running_gateway(gateway_config([url], tenants=[tenant], auth={"required": True})) as gw:
         # tpm 1 would refuse any request charged tokens: these are charged none
         codes = [post(gw, "/tokenize", {"model": PUBLIC_MODEL, "prompt": "x" * 400}, key="sk-tight").status_code
-                 for _ in range(2)]  # fmt: skip
+                 for _ in range(2)]
         assert codes == [200, 200]
         over = post(gw, "/rerank", {"model": PUBLIC_MODEL, "query": "a", "documents": ["b"]}, key="sk-tight")
     assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1

@@ -18,7 +18,7 @@ def test_the_warm_request_is_instructions_leading_items_and_the_first_user_item_
             {"type": "function_call_output", "call_id": "c1", "output": "ok"},
         ],
         "stream": True, "previous_response_id": None, "temperature": 0.3,
-    }  # fmt: skip
+    }
     warm = RESPONSES.warm_request(body, 10_000)
     assert warm is not None and warm.path == "/v1/responses"
     assert [item["role"] for item in warm.body["input"]] == ["developer", "user"]
@@ -42,7 +42,7 @@ def test_input_that_starts_with_a_tool_output_or_is_too_long_has_no_warm_request
 
 def test_reply_usage_reads_input_and_cached_tokens() -> None:
     usage = RESPONSES.reply_usage({"usage": {"input_tokens": 50, "output_tokens": 1,
-                                             "input_tokens_details": {"cached_tokens": 48}}})  # fmt: skip
+                                             "input_tokens_details": {"cached_tokens": 48}}})
     assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (50, 48, 1)
 
 

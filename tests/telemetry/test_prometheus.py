@@ -15,7 +15,7 @@ def _settle_a_mix(h: Harness) -> None:
     migrated = make_ctx()
     migrated.migrations, migrated.migration_outcomes = 1, ["migrated"]
     for ctx in (make_ctx(), make_ctx(tenant="globex", pool="bulk", stream=False), make_ctx(status=502,
-                error_type="upstream_error"), migrated):  # fmt: skip
+                error_type="upstream_error"), migrated):
         run_request(h.telemetry, ctx)
     rejected = make_ctx(tenant="spammer")
     h.telemetry.request_started(rejected)

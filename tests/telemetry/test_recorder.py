@@ -213,7 +213,7 @@ def test_genai_histograms_use_convention_buckets_and_attributes(harness: Harness
     assert dict(inp.attributes) == {
         "gen_ai.token.type": "input", "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
         "gen_ai.provider.name": "vllm", "kvgate.pool": "fast", "kvgate.tenant": "acme",
-    }  # fmt: skip
+    }
     out = _point(usage, **{"gen_ai.token.type": "output"})
     assert out.sum == ctx.usage.completion_tokens
 

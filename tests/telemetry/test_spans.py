@@ -34,11 +34,11 @@ def test_input_messages_are_role_and_parts_without_media_payloads() -> None:
     ctx.body["messages"].append(
         {"role": "user", "content": [{"type": "text", "text": "see"},
                                      {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
-    )  # fmt: skip
+    )
     ctx.body["messages"].append(
         {"role": "assistant", "content": None,
          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
-    )  # fmt: skip
+    )
     ctx.body["messages"].append({"role": "tool", "tool_call_id": "c1", "content": "42"})
     messages = orjson.loads(sp.input_messages(ctx))
     system_text = f"You are helpful. {SECRET_PROMPT}"

@@ -45,7 +45,7 @@ class PoolAcceptance:
 
     __slots__ = (
         "_accepted", "_draft_tokens", "_expected", "_keys", "_kinds", "_max_keys", "_steps", "_strength", "streams",
-    )  # fmt: skip
+    )
 
     def __init__(self, prior_streams: float = 8.0, max_keys: int = 4096) -> None:
         self._accepted = self._steps = self._draft_tokens = 0.0

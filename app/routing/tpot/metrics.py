@@ -60,7 +60,7 @@ def register_tpot_metrics(meter: Meter, router: TpotRouter) -> None:
     meter.create_observable_counter(
         "gateway.tpot.decisions", [decisions], "{request}",
         "Interactive requests whose pool the predicted TPOT chose, by pool chosen, kind and outcome",
-    )  # fmt: skip
+    )
     meter.create_observable_counter(
         "gateway.tpot.predicted", [compared(0)], "s", "Predicted TPOT summed over the requests the prediction routed"
     )
@@ -80,4 +80,4 @@ def register_tpot_metrics(meter: Meter, router: TpotRouter) -> None:
     meter.create_observable_gauge(
         "gateway.spec.tokens_per_step", [tokens_per_step], "{token}",
         "Expected tokens per decode step on a speculative pool: the pool's (tenant empty) and per tenant and kind",
-    )  # fmt: skip
+    )

@@ -78,7 +78,7 @@ class TpotRouter:
         self, home: PoolState, home_candidates: Sequence[ReplicaState], other: PoolState,
         other_candidates: Sequence[ReplicaState], body: Mapping[str, Any], tenant: str, session: int,
         prompt_tokens: int,
-    ) -> Prediction | None:  # fmt: skip
+    ) -> Prediction | None:
         """The pool that ends this interactive request first (home or other), or None when not engaged."""
         hm, om = self.pools[home.name], self.pools[other.name]
         hm.refresh(home.replicas)

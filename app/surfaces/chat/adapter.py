@@ -100,7 +100,7 @@ class ChatSurface(OpenAISurface):
             head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars,
             framing_tokens=framing, tool_chars=tool_chars, restatable=last_user is not None,
             first_user=None if first_user is None else ("messages", first_user, "content"),
-        )  # fmt: skip
+        )
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
         """The leading system/developer messages, the first user message and what the template reads, one token."""
@@ -149,7 +149,7 @@ class ChatSurface(OpenAISurface):
                     parts.append(
                         {"type": "tool_call", "id": call.get("id"), "name": fn.get("name"),
                          "arguments": fn.get("arguments")}
-                    )  # fmt: skip
+                    )
             out.append({"role": role, "parts": parts})
         return out
 

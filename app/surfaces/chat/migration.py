@@ -73,7 +73,7 @@ def continuation(body: Mapping[str, Any], text: str, sent_tokens: int) -> dict[s
     else:
         messages.append({"role": "assistant", "content": text})
     return {**body, "messages": messages, "continue_final_message": True, "add_generation_prompt": False,
-            **lowered_caps(body, _OUTPUT_CAPS, sent_tokens)}  # fmt: skip
+            **lowered_caps(body, _OUTPUT_CAPS, sent_tokens)}
 
 
 @dataclass(slots=True)

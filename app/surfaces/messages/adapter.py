@@ -224,7 +224,7 @@ class MessagesSurface:
             head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars, framing_tokens=framing,
             tool_chars=tool_chars, restatable=last_user is not None,
             first_user=None if first_user is None else ("messages", first_user, "content"),
-        )  # fmt: skip
+        )
 
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
         """A trailing text block of the last user message (Anthropic keeps system first, always)."""
@@ -314,7 +314,7 @@ class MessagesSurface:
     def stream_error(self, err: GatewayError) -> bytes:
         """Anthropic's `error` event."""
         return named_event("error", {"type": "error", "error": {"type": anthropic_error_type(err.status),
-                                                                 "message": err.message}})  # fmt: skip
+                                                                 "message": err.message}})
 
     def input_messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """System, then each message's text, tool_use and tool_result blocks."""
@@ -336,10 +336,10 @@ class MessagesSurface:
                     parts.append({"type": "text", "content": b.get("text", "")})
                 elif kind == "tool_use":
                     parts.append({"type": "tool_call", "id": b.get("id"), "name": b.get("name"),
-                                  "arguments": b.get("input")})  # fmt: skip
+                                  "arguments": b.get("input")})
                 elif kind == "tool_result":
                     parts.append({"type": "tool_call_response", "id": b.get("tool_use_id"),
-                                  "response": b.get("content")})  # fmt: skip
+                                  "response": b.get("content")})
                 else:
                     parts.append({"type": str(kind)})
             out.append({"role": str(msg.get("role", "user")), "parts": parts})

@@ -152,7 +152,7 @@ class MessagesSplice:
         if text:
             out += self._start("text", {"type": "text", "text": ""})
             out.append(named_event("content_block_delta", {"type": "content_block_delta", "index": self._open,
-                                                           "delta": {"type": "text_delta", "text": text}}))  # fmt: skip
+                                                           "delta": {"type": "text_delta", "text": text}}))
         for call in delta.get("tool_calls") or ():
             out += self._tool_call(call) if isinstance(call, dict) else []
         reason = choice.get("finish_reason")
@@ -161,7 +161,7 @@ class MessagesSplice:
             self._stop_sequence = stop if isinstance(stop, str) and reason == "stop" else None
             tool_used = bool(self._tools) and reason != "length"
             self._stop = ("stop_sequence" if self._stop_sequence else "tool_use" if tool_used
-                          else _STOP_REASONS.get(reason, "end_turn"))  # fmt: skip
+                          else _STOP_REASONS.get(reason, "end_turn"))
             out += self._close()
         return out
 
@@ -172,7 +172,7 @@ class MessagesSplice:
         if index not in self._tools:
             name = fn.get("name") or ""
             block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or f"toolu_{index}", "name": name,
-                                     "input": {}}  # fmt: skip
+                                     "input": {}}
             out += self._close()
             out += self._start("tool_use", block)
             self._tools[index] = self._next - 1
@@ -180,7 +180,7 @@ class MessagesSplice:
         if isinstance(args, str) and args:
             out.append(named_event("content_block_delta", {"type": "content_block_delta", "index": self._tools[index],
                                                            "delta": {"type": "input_json_delta",
-                                                                     "partial_json": args}}))  # fmt: skip
+                                                                     "partial_json": args}}))
         return out
 
     def _start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
@@ -190,7 +190,7 @@ class MessagesSplice:
         self._open, self._open_kind = self._next, kind
         self._next += 1
         return [*out, named_event("content_block_start", {"type": "content_block_start", "index": self._open,
-                                                          "content_block": block})]  # fmt: skip
+                                                          "content_block": block})]
 
     def _close(self) -> list[bytes]:
         if self._open is None:
@@ -203,7 +203,7 @@ class MessagesSplice:
         summed = anthropic_usage(usage, self._sent) if usage is not None else None
         delta = {"type": "message_delta", "delta": {"stop_reason": self._stop or "end_turn",
                                                     "stop_sequence": self._stop_sequence},
-                 "usage": summed or {"output_tokens": self._sent}}  # fmt: skip
+                 "usage": summed or {"output_tokens": self._sent}}
         stop = named_event("message_stop", {"type": "message_stop"})
         return [*self._close(), named_event("message_delta", delta), stop]
 
@@ -212,7 +212,7 @@ def resend(ctx: Exchange, got: Delivered, sent_tokens: int, served: str, priorit
     """vLLM's chat request for the body, plus the partial assistant turn, to the chat endpoint."""
     body = continuation(ctx.body, got.resume_text(), sent_tokens)
     return Resend(CHAT_PATH, _CHAT.upstream_body(body, served_model=served, priority=priority,
-                                                cache_salt=ctx.cache_salt))  # fmt: skip
+                                                cache_salt=ctx.cache_salt))
 
 
 def splice(got: Delivered, sent_tokens: int) -> MessagesSplice:

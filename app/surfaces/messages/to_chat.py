@@ -16,7 +16,7 @@ from app.surfaces.messages.wire import BILLING_HEADER
 
 # Messages fields vLLM copies onto the chat request under the same name.
 _SAME_NAME = ("temperature", "top_p", "top_k", "cache_salt", "chat_template_kwargs", "ignore_eos", "seed",
-              "kv_transfer_params", "vllm_xargs")  # fmt: skip
+              "kv_transfer_params", "vllm_xargs")
 _TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 
 
@@ -35,7 +35,7 @@ def _system_text(system: Any) -> str | None:
     if not isinstance(system, list):
         return None
     parts = [b["text"] for b in system if isinstance(b, dict) and b.get("type") == "text"
-             and isinstance(b.get("text"), str) and b["text"] and not b["text"].startswith(BILLING_HEADER)]  # fmt: skip
+             and isinstance(b.get("text"), str) and b["text"] and not b["text"].startswith(BILLING_HEADER)]
     return "".join(parts) or None
 
 
@@ -85,7 +85,7 @@ def _message(msg: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
             elif kind == "tool_use":
                 calls.append({"id": block.get("id") or "call_0", "type": "function",
                               "function": {"name": block.get("name") or "",
-                                           "arguments": json.dumps(block.get("input") or {})}})  # fmt: skip
+                                           "arguments": json.dumps(block.get("input") or {})}})
             elif kind == "tool_result" and role == "user":
                 _tool_result(block, out)
             elif kind == "tool_result":
@@ -116,7 +116,7 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """The chat completion request for a Messages body (streamed, with its usage chunk)."""
     chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages(body),
                             "max_tokens": body.get("max_tokens"), "stream": True,
-                            "stream_options": {"include_usage": True}}  # fmt: skip
+                            "stream_options": {"include_usage": True}}
     for key in _SAME_NAME:
         if body.get(key) is not None:
             chat[key] = body[key]
@@ -142,6 +142,6 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
         chat["tools"] = [{"type": "function", "function": {
             "name": t.get("name"), "description": t.get("description"), "parameters": _schema(t.get("input_schema")),
             "strict": t.get("strict"), "defer_loading": t.get("defer_loading"),
-        }} for t in tools if isinstance(t, dict)]  # fmt: skip
+        }} for t in tools if isinstance(t, dict)]
         chat.setdefault("tool_choice", "auto")
     return chat

@@ -9,7 +9,7 @@ _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
     405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
     529: "overloaded_error",
-}  # fmt: skip
+}
 
 
 def anthropic_error_type(status: int) -> str:

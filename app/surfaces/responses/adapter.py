@@ -156,7 +156,7 @@ class ResponsesSurface(OpenAISurface):
             key.add(items)
             return PromptView(head=tuple(head), key_head=key.text(), text_chars=chars + len(items),
                               framing_tokens=TOKENS_PER_ITEM, tool_chars=tool_chars, first_user=("input",),
-                              part_type="input_text")  # fmt: skip
+                              part_type="input_text")
         if not isinstance(items, list):
             items = []
         first_user: int | None = None
@@ -196,7 +196,7 @@ class ResponsesSurface(OpenAISurface):
             head=tuple(head), tail_refs=refs, key_head=key.text(), text_chars=chars, framing_tokens=framing,
             tool_chars=tool_chars, restatable=last_user is not None,
             first_user=None if first_user is None else ("input", first_user, "content"), part_type="input_text",
-        )  # fmt: skip
+        )
 
     def place_tail(self, body: dict[str, Any], lines: list[str], placement: TailPlacement) -> dict[str, Any]:
         """A trailing input_text part of the last user item (a string input gets the block appended)."""
@@ -257,7 +257,7 @@ class ResponsesSurface(OpenAISurface):
     def stream_error(self, err: GatewayError) -> bytes:
         """Responses' `error` event."""
         doc = {"type": "error", "code": err.code or "upstream_error", "message": err.message, "param": None,
-               "sequence_number": -1}  # fmt: skip
+               "sequence_number": -1}
         return named_event("error", doc)
 
     def input_messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -276,11 +276,11 @@ class ResponsesSurface(OpenAISurface):
             if kind == "function_call":
                 out.append({"role": "assistant", "parts": [
                     {"type": "tool_call", "id": item.get("call_id"), "name": item.get("name"),
-                     "arguments": item.get("arguments")}]})  # fmt: skip
+                     "arguments": item.get("arguments")}]})
             elif kind == "function_call_output":
                 out.append({"role": "tool", "parts": [
                     {"type": "tool_call_response", "id": item.get("call_id"),
-                     "response": item.get("output")}]})  # fmt: skip
+                     "response": item.get("output")}]})
             else:
                 slots = text_slots(0, item.get("content"), (), _TEXT_TYPES)
                 parts = [{"type": "text", "content": t.text} for t in slots]

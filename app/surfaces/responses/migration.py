@@ -113,7 +113,7 @@ def continuation(body: Mapping[str, Any], got: ResponsesDelivered, sent_tokens: 
         items.append({
             "id": got.item_id or "msg_partial", "type": "message", "role": "assistant", "status": "in_progress",
             "content": [{"type": "output_text", "text": got.resume_text(), "annotations": []}],
-        })  # fmt: skip
+        })
     return {**body, "input": items, **lowered_caps(body, ("max_output_tokens",), sent_tokens)}
 
 
@@ -230,7 +230,7 @@ class ResponsesSplice:
 
 def _message(item_id: str, text: str) -> dict[str, Any]:
     return {"id": item_id, "content": [{"annotations": [], "text": text, "type": "output_text", "logprobs": None}],
-            "role": "assistant", "status": "completed", "type": "message"}  # fmt: skip
+            "role": "assistant", "status": "completed", "type": "message"}
 
 
 def summed_usage(usage: dict[str, Any], sent_tokens: int) -> dict[str, Any]:

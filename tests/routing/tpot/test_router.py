@@ -27,10 +27,10 @@ class Engine:
         self.model = router.pools[replica.pool]
         self.c: dict[str, float] = {"vllm:inter_token_latency_seconds_sum": 0.0,
                                     "vllm:inter_token_latency_seconds_count": 0.0,
-                                    "vllm:generation_tokens": 0.0, "vllm:prompt_tokens": 0.0}  # fmt: skip
+                                    "vllm:generation_tokens": 0.0, "vllm:prompt_tokens": 0.0}
         if speculative:
             self.c |= {"vllm:spec_decode_num_accepted_tokens": 0.0, "vllm:spec_decode_num_draft_tokens": 0.0,
-                       "vllm:spec_decode_num_drafts": 0.0}  # fmt: skip
+                       "vllm:spec_decode_num_drafts": 0.0}
         self.t = 0.0
 
     def run(self, batch: int, step_s: float, accepted_per_step: float = 0.0, interval_s: float = 1.0) -> None:
@@ -73,9 +73,9 @@ def warm(fast: Engine, bulk: Engine, spec_batches: tuple[int, ...], bulk_batch: 
 
 
 def decide(cfg: Any, cluster: ClusterState, body: dict[str, Any], key: int = 7, prompt_tokens: int = 50
-           ) -> RouteDecision:  # fmt: skip
+           ) -> RouteDecision:
     return pick(model=cfg.models[0], decision=INTERACTIVE, key=key, cluster=cluster, cfg=cfg.routing, body=body,
-                tenant="t", prompt_tokens=prompt_tokens)  # fmt: skip
+                tenant="t", prompt_tokens=prompt_tokens)
 
 
 def test_without_scrapes_the_router_stays_out_and_class_decides() -> None:
@@ -154,7 +154,7 @@ def test_settle_teaches_output_length_acceptance_and_the_prediction_error() -> N
     route = decide(cfg, cluster, CODE)
     assert route.prediction is not None
     ctx = RequestContext(request_id="r", surface=CHAT, path="/v1/chat/completions", body=CODE, model="m",
-                         stream=True, client_wants_usage=True, headers={})  # fmt: skip
+                         stream=True, client_wants_usage=True, headers={})
     ctx.tenant, ctx.route_class, ctx.route, ctx.status = Tenant("t"), INTERACTIVE, route, 200
     ctx.usage.completion_tokens, ctx.stream_events = 121, 31  # 4 tokens per step
     ctx.timing.first_token, ctx.timing.end = 10.0, 10.0 + 120 * route.prediction.tpot_s * 1.1
@@ -174,7 +174,7 @@ def test_observed_tpot_steadily_above_the_prediction_calibrates_the_next_predict
         route = decide(cfg, cluster, CODE)
         assert route.prediction is not None
         ctx = RequestContext(request_id="r", surface=CHAT, path="/v1/chat/completions", body=CODE, model="m",
-                             stream=True, client_wants_usage=True, headers={})  # fmt: skip
+                             stream=True, client_wants_usage=True, headers={})
         ctx.tenant, ctx.route_class, ctx.route, ctx.status = Tenant("t"), INTERACTIVE, route, 200
         ctx.usage.completion_tokens, ctx.stream_events = 101, 51
         ctx.timing.first_token, ctx.timing.end = 1.0, 1.0 + 100 * first.prediction.tpot_s * 1.3  # 30 % slower

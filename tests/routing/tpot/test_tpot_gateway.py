@@ -19,7 +19,7 @@ CODE = "Rename x to y and return the function.\n```python\ndef f(x):\n    return
 
 def _stream(client: httpx.Client, content: str) -> tuple[str, int]:
     body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 48, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}  # fmt: skip
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
     with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
         n = sum(1 for line in resp.iter_lines() if line.startswith("data: "))
@@ -35,13 +35,13 @@ def _gauge(text: str, name: str, **labels: str) -> float | None:
 
 def test_after_a_few_scrapes_streams_carry_the_prediction_and_code_is_expected_to_accept_more() -> None:
     with running_sim(model="s", speculative="ngram:4:0.2", spec_accept_when=("```=0.9",)) as fast, \
-            running_sim(model="s") as bulk:  # fmt: skip
+            running_sim(model="s") as bulk:
         cfg = parse_config(
             {"models": [{"name": "m", "pools": ["fast", "bulk"]}],
              "pools": {"fast": {"role": "interactive", "served_model": "s", "replicas": [fast], "price": PRICE},
                        "bulk": {"role": "bulk", "served_model": "s", "replicas": [bulk], "price": PRICE}},
              "auth": {"required": False}, "routing": {"probe_interval_s": 0.1, "healthy_after": 1}},
-        )  # fmt: skip
+        )
         with running_gateway(cfg) as gw, httpx.Client(base_url=gw, timeout=30) as client:
             header = ""
             deadline = time.monotonic() + 60
@@ -49,7 +49,7 @@ def test_after_a_few_scrapes_streams_carry_the_prediction_and_code_is_expected_t
                 for content in (CODE, "Why is the sky blue?"):
                     header, _ = _stream(client, content)
                 bulk_body = {"model": "m", "messages": [{"role": "user", "content": "report"}], "max_tokens": 24,
-                             "service_tier": "flex"}  # fmt: skip
+                             "service_tier": "flex"}
                 assert client.post("/v1/chat/completions", json=bulk_body).status_code == 200
             assert ";tpot=" in header and ";kind=prose" in header and ";fast=" in header and ";bulk=" in header
             for _ in range(6):

@@ -30,7 +30,7 @@ class RecordingTransport(FakeTransport):
 def surface_ctx(surface: Surface, path: str, body: dict[str, Any]) -> RequestContext:
     """A streaming request's context on `surface`, classified interactive."""
     c = RequestContext(request_id="r1", surface=surface, path=path, body=body, model="m", stream=True,
-                       client_wants_usage=True, headers={}, prompt=surface.view(body))  # fmt: skip
+                       client_wants_usage=True, headers={}, prompt=surface.view(body))
     c.route_class = ClassDecision("interactive", "default")
     return c
 
@@ -54,11 +54,11 @@ Migrated = tuple[list[tuple[str, dict[str, Any]]], RequestContext, RecordingTran
 
 
 async def cut_and_continued(surface: Surface, path: str, body: dict[str, Any], first: list[bytes],
-                            second: list[bytes]) -> Migrated:  # fmt: skip
+                            second: list[bytes]) -> Migrated:
     """A stream cut on A after `first`, continued on B with `second` (B's /tokenize counts 3 tokens delivered)."""
     d, _, _ = setup({})
     transport = RecordingTransport({A: [FakeResponse(chunks=first, fail_after=len(first))],
-                                    B: [FakeResponse(body=TOKENIZE_3), FakeResponse(chunks=second)]})  # fmt: skip
+                                    B: [FakeResponse(body=TOKENIZE_3), FakeResponse(chunks=second)]})
     d.transport = transport
     c = surface_ctx(surface, path, body)
     relay = await d.run(c, d.cfg.models[0], 0)

@@ -12,7 +12,7 @@ from tests.test_dispatch import A, B, FakeResponse, ctx, replica, setup
 
 
 def chunk(content: str | None = None, *, role: bool = False, finish: str | None = None, rid: str = "c1",
-          created: int = 100, tool: bool = False) -> bytes:  # fmt: skip
+          created: int = 100, tool: bool = False) -> bytes:
     delta: dict[str, Any] = {}
     if role:
         delta["role"] = "assistant"
@@ -22,7 +22,7 @@ def chunk(content: str | None = None, *, role: bool = False, finish: str | None 
     if tool:
         delta["tool_calls"] = [{"index": 0, "function": {"name": "f", "arguments": "{"}}]
     doc = {"id": rid, "created": created, "model": "m", "choices": [{"index": 0, "delta": delta,
-                                                                     "finish_reason": finish}]}  # fmt: skip
+                                                                     "finish_reason": finish}]}
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
@@ -34,7 +34,7 @@ def usage(prompt: int, completion: int, rid: str = "c2", created: int = 200) -> 
 
 FIRST = [chunk(role=True), chunk("Hello"), chunk(" wor")]
 SECOND = [chunk(role=True, rid="c2", created=200), chunk("ld", rid="c2", created=200),
-          chunk("!", rid="c2", created=200, finish="stop"), usage(14, 2), b"data: [DONE]\n\n"]  # fmt: skip
+          chunk("!", rid="c2", created=200, finish="stop"), usage(14, 2), b"data: [DONE]\n\n"]
 TOKENIZE = b'{"count":3,"max_model_len":2048,"tokens":[1,2,3]}'
 
 
@@ -44,7 +44,7 @@ async def collect(relay: StreamRelay) -> bytes:
 
 async def test_a_stream_cut_midway_continues_on_another_replica_as_one_stream() -> None:
     d, cluster, _ = setup({A: [FakeResponse(chunks=FIRST, fail_after=3)],
-                           B: [FakeResponse(body=TOKENIZE), FakeResponse(chunks=SECOND)]})  # fmt: skip
+                           B: [FakeResponse(body=TOKENIZE), FakeResponse(chunks=SECOND)]})
     c = ctx(stream=True)
     c.client_wants_usage = True
     relay = await d.run(c, d.cfg.models[0], 0)
@@ -130,9 +130,9 @@ async def test_trailing_whitespace_is_held_back_and_not_sent_twice() -> None:
     # the last word and writes the newlines again; the client, who has them, does not get them twice.
     first = [chunk(role=True), chunk("Colors:"), chunk("\n"), chunk("\n")]
     second = [chunk(role=True, rid="c2"), chunk("\n\n", rid="c2"), chunk("1. Red", rid="c2", finish="length"),
-              usage(14, 3), b"data: [DONE]\n\n"]  # fmt: skip
+              usage(14, 3), b"data: [DONE]\n\n"]
     d, _, _ = setup({A: [FakeResponse(chunks=first, fail_after=4)],
-                     B: [FakeResponse(body=TOKENIZE), FakeResponse(chunks=second)]})  # fmt: skip
+                     B: [FakeResponse(body=TOKENIZE), FakeResponse(chunks=second)]})
     c = ctx(stream=True)
     relay = await d.run(c, d.cfg.models[0], 0)
     assert isinstance(relay, StreamRelay)

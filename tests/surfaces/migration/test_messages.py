@@ -15,7 +15,7 @@ from tests.surfaces.migration.test_chat import chunk, usage
 from tests.test_dispatch import B
 
 BODY: dict[str, Any] = {"model": "m", "max_tokens": 10, "stream": True, "system": "Be brief.",
-                        "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+                        "messages": [{"role": "user", "content": "hi"}]}
 
 
 def first_stream() -> list[bytes]:
@@ -28,7 +28,7 @@ def first_events() -> list[bytes]:
 
 
 CHAT_CONTINUATION = [chunk(role=True, rid="c2"), chunk("ld", rid="c2"), chunk("!", rid="c2", finish="length"),
-                     usage(14, 2), b"data: [DONE]\n\n"]  # fmt: skip
+                     usage(14, 2), b"data: [DONE]\n\n"]
 
 
 async def migrated(body: dict[str, Any]) -> Migrated:
@@ -39,7 +39,7 @@ async def test_a_cut_message_stream_continues_in_the_same_text_block() -> None:
     events, c, _ = await migrated(dict(BODY))
     names = [n for n, _ in events]
     assert names == ["message_start", "content_block_start", *["content_block_delta"] * 4, "content_block_stop",
-                     "message_delta", "message_stop"]  # fmt: skip
+                     "message_delta", "message_stop"]
     assert events[0][1]["message"]["id"] == "msg_a"
     deltas = [d for n, d in events if n == "content_block_delta"]
     assert "".join(d["delta"]["text"] for d in deltas) == "Hello world!"  # nothing repeated, nothing missing
@@ -57,7 +57,7 @@ async def test_the_continuation_is_vllms_chat_request_with_the_delivered_text_as
     replica, path, body = transport.requests[-1]
     assert (replica, path) == (B, "/v1/chat/completions")
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-                                {"role": "assistant", "content": "Hello wor"}]  # fmt: skip
+                                {"role": "assistant", "content": "Hello wor"}]
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     assert body["max_tokens"] == 7 and body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
@@ -84,7 +84,7 @@ def test_a_tool_call_in_the_continuation_becomes_a_tool_use_block_after_the_text
     out = s.rewrite(tool) + s.rewrite(chunk(finish="tool_calls", rid="c2")) + s.rewrite(usage(14, 2))
     events = named_events(b"".join(out))
     assert [n for n, _ in events] == ["content_block_stop", "content_block_start", "content_block_delta",
-                                      "content_block_stop", "message_delta", "message_stop"]  # fmt: skip
+                                      "content_block_stop", "message_delta", "message_stop"]
     assert events[0][1]["index"] == 0 and events[1][1]["index"] == 1
     assert events[1][1]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}
     assert events[2][1]["delta"] == {"type": "input_json_delta", "partial_json": '{"a":'}
@@ -102,7 +102,7 @@ def test_chat_usage_becomes_anthropic_usage_with_the_delivered_tokens_as_output(
     details = {"prompt_tokens": 20, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}
     assert anthropic_usage(details, 3) == {"input_tokens": 9, "output_tokens": 5, "cache_read_input_tokens": 8}
     assert anthropic_usage({"prompt_tokens": 20, "completion_tokens": 2}, 3) == {"input_tokens": 17,
-                                                                                 "output_tokens": 5}  # fmt: skip
+                                                                                 "output_tokens": 5}
 
 
 async def test_an_engine_error_in_the_continuation_ends_with_anthropics_error_event() -> None:
@@ -115,7 +115,7 @@ async def test_an_engine_error_in_the_continuation_ends_with_anthropics_error_ev
 def test_held_back_whitespace_the_continuation_writes_again_is_not_sent_twice() -> None:
     ev = MessageEvents("msg_a", "m", 11, details=False)
     journal = [e + b"\n\n" for part in (ev.head(), ev.delta("Colors:"), ev.delta("\n"), ev.delta("\n"))
-               for e in part.split(b"\n\n") if e]  # fmt: skip
+               for e in part.split(b"\n\n") if e]
     got = delivered(journal)
     assert got.resume_text() == "Colors:" and got.held_back() == "\n\n"
     s = MessagesSplice(got, 2)

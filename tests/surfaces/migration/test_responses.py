@@ -111,7 +111,7 @@ async def test_a_response_asking_for_logprobs_ends_with_the_error_event_and_coun
 def test_held_back_whitespace_is_dropped_from_the_deltas_and_the_done_text_is_whole() -> None:
     ev = ResponseEvents(ResponseShape(rid="resp_a", created=100, model="m", max_output_tokens=10))
     journal = [e + b"\n\n" for part in (ev.head(), ev.delta("Colors:"), ev.delta("\n\n"))
-               for e in part.split(b"\n\n") if e]  # fmt: skip
+               for e in part.split(b"\n\n") if e]
     got = delivered(journal)
     assert continuation(BODY, got, 2)["input"][-1]["content"][0]["text"] == "Colors:"
     cont = ResponseEvents(ResponseShape(rid="resp_b", created=200, model="m", max_output_tokens=8))

@@ -31,7 +31,7 @@ async def _responses_stream(gw: str, i: int, has_text: Callable[[], None]) -> di
     client = openai.AsyncOpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0, timeout=30)
     seen: dict[str, Any] = {"types": [], "seq": [], "deltas": [], "item_ids": set()}
     async with client.responses.stream(model=MODEL, input=f"stream {i}", max_output_tokens=TOKENS,
-                                       extra_body={"ignore_eos": True, "seed": i}) as stream:  # fmt: skip
+                                       extra_body={"ignore_eos": True, "seed": i}) as stream:
         async for event in stream:
             seen["types"].append(event.type)
             seen["seq"].append(event.sequence_number)
@@ -51,7 +51,7 @@ async def _messages_stream(gw: str, i: int, has_text: Callable[[], None]) -> dic
     seen: dict[str, Any] = {"types": [], "deltas": [], "indexes": set()}
     messages = [{"role": "user", "content": f"stream {i}"}]
     async with client.messages.stream(model=MODEL, max_tokens=TOKENS, messages=messages,  # type: ignore[arg-type]
-                                      extra_body={"ignore_eos": True, "seed": i}) as stream:  # fmt: skip
+                                      extra_body={"ignore_eos": True, "seed": i}) as stream:
         async for event in stream:
             seen["types"].append(event.type)
             if event.type == "content_block_delta" and event.delta.type == "text_delta":
@@ -70,21 +70,21 @@ async def _whole_texts(gw: str, api: str) -> list[str]:
         oa = openai.AsyncOpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0, timeout=30)
         texts = [(await oa.responses.create(model=MODEL, input=f"stream {i}", max_output_tokens=TOKENS,
                                             extra_body={"ignore_eos": True, "seed": i})).output_text
-                 for i in range(4)]  # fmt: skip
+                 for i in range(4)]
         await oa.close()
         return texts
     an = anthropic.AsyncAnthropic(base_url=gw, api_key="EMPTY", max_retries=0, timeout=30)
     texts = []
     for i in range(4):
         msg = await an.messages.create(model=MODEL, max_tokens=TOKENS, messages=[{"role": "user", "content":
-                                       f"stream {i}"}], extra_body={"ignore_eos": True, "seed": i})  # fmt: skip
+                                       f"stream {i}"}], extra_body={"ignore_eos": True, "seed": i})
         texts.append("".join(b.text for b in msg.content if b.type == "text"))
     await an.close()
     return texts
 
 
 async def _kill_midway(sims: Cluster, one: Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]
-                       ) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
+                       ) -> tuple[list[dict[str, Any]], str]:
     gw, _, victim = sims
     started = asyncio.Event()
     count = [0]
@@ -120,7 +120,7 @@ async def test_responses_streams_on_a_killed_replica_read_as_one_response_each(c
         stored = [await http.get(f"/v1/responses/{seen['final'].id}") for seen in results]
         moved = next(seen["final"].id for seen, r in zip(results, stored, strict=True) if r.status_code == 404)
         follow = await http.post("/v1/responses", json={"model": MODEL, "input": "next", "max_output_tokens": 4,
-                                                        "previous_response_id": moved})  # fmt: skip
+                                                        "previous_response_id": moved})
     assert sorted(r.status_code for r in stored) == [200, 200, 404, 404], [r.text for r in stored]
     for r in (*(r for r in stored if r.status_code == 404), follow):
         assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_stored"
@@ -149,7 +149,7 @@ async def test_without_migration_both_apis_end_a_cut_stream_with_their_error_eve
 
 
 def _expect_error(one: Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]
-                  ) -> Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]:  # fmt: skip
+                  ) -> Callable[[str, int, Callable[[], None]], Awaitable[dict[str, Any]]]:
     async def run(gw: str, i: int, has_text: Callable[[], None]) -> dict[str, Any]:
         try:
             return await one(gw, i, has_text)
