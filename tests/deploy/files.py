@@ -158,7 +158,9 @@ def effective_compose(*paths: Path, env: Mapping[str, str] | None = None) -> dic
     env = read_env_file(ENV_EXAMPLE) if env is None else env
     active = set(env.get("COMPOSE_PROFILES", "").split(","))
     merged["services"] = {
-        name: svc for name, svc in merged["services"].items() if not svc.get("profiles") or active & set(svc["profiles"])
+        name: svc
+        for name, svc in merged["services"].items()
+        if not svc.get("profiles") or active & set(svc["profiles"])
     }
     return interpolate(merged, env)
 
