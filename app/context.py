@@ -12,10 +12,10 @@ from app.store.base import LimitReason, LimitSpec
 
 if TYPE_CHECKING:
     from app.admission.queue import Ticket
-    from app.api.surfaces.base import Surface
     from app.call_estimate import CallEstimate
     from app.kvcache.tokens import PromptBlocks
     from app.routing.state import ReplicaState
+    from app.surfaces.base import Surface
 
 Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
 RouteClass = Literal["interactive", "bulk"]

@@ -22,12 +22,12 @@ from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
 from app.errors import FailureKind, GatewayError, bad_request
 from app.kvcache.replies import assistant_message
-from app.migration import MIGRATIONS, Delivered, Migration
 from app.relay import Continued, StreamRelay
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
 from app.routing.retry import backoff_s
 from app.routing.state import ClusterState, ReplicaState
+from app.surfaces.migration import Delivered, Migration
 from app.upstream import Transport, UpstreamResponse, forward_headers
 
 
@@ -158,7 +158,7 @@ class Dispatcher:
                 self._note_load(route.target, resp)  # vLLM 0.32 sends none on streams; a later one may
                 return StreamRelay(
                     ctx, resp, lease, ctx.surface.stream_observer(ctx, served),
-                    migrate=self._migrate, migration=MIGRATIONS.get(ctx.surface.name),
+                    migrate=self._migrate, migration=ctx.surface.migration,
                     max_migrations=self.cfg.upstream.max_migrations,
                 )  # fmt: skip
             with lease:
@@ -178,7 +178,7 @@ class Dispatcher:
         raise last
 
     async def _migrate(self, ctx: RequestContext, migration: Migration, got: Delivered) -> Continued | None:
-        """Continue a cut stream on another replica (app/migration/); None when none takes it."""
+        """Continue a cut stream on another replica (the surface's migration); None when none takes it."""
         assert ctx.route is not None and ctx.route_class is not None
         model = self.cfg.model(ctx.model)
         assert model is not None

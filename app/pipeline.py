@@ -17,7 +17,6 @@ import aiohttp
 
 from app.admission import AdmissionRejected
 from app.admission.step import build_queues, predicted_tokens, queue_error, route_suffix
-from app.api.surfaces import CHAT, RESPONSES
 from app.call_estimate import estimate_call
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, Tenant
@@ -44,6 +43,7 @@ from app.routing.state import ClusterState, ReplicaState
 from app.settle import Settler
 from app.store.base import Store
 from app.store.factory import create_store
+from app.surfaces import CHAT, RESPONSES
 from app.telemetry import Telemetry
 from app.telemetry.headers import OVERHEAD_HEADER, format_ms, overhead_s, response_headers, sse_trailer
 from app.telemetry.kv_metrics import register_kv_metrics

@@ -1,7 +1,7 @@
 """The typed view of a request's prompt that every stage reads, built once by the request's API surface.
 
 Limits (token estimate), normalize (where volatile text may be and where it may go), the routing key and
-spans all read this instead of walking the body with rules of their own. The surfaces (app/api/surfaces/)
+spans all read this instead of walking the body with rules of their own. The surfaces (app/surfaces/)
 build it; after normalize rewrites a body, the surface builds it again from the new body.
 """
 

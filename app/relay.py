@@ -1,7 +1,8 @@
 """The stream relay: an upstream SSE stream event by event through the surface's observer, to the client.
 
 It owns the attempt's lease (one verdict per replica), continues a stream on another replica when its
-replica fails midway (through the dispatcher's `migrate` and the surface's migration, see app/migration/),
+replica fails midway (through the dispatcher's `migrate` and the surface's migration,
+app/surfaces/<api>/migration.py),
 and bills what was delivered when a stream ends without its usage.
 """
 
@@ -11,11 +12,11 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from app.api.surfaces.base import StreamObserver
 from app.context import RequestContext
 from app.errors import GatewayError, upstream_unreachable
-from app.migration import Delivered, Migration, Splicer
-from app.migration.chat import delivered as chat_delivered
+from app.surfaces.base import StreamObserver
+from app.surfaces.chat.migration import delivered as chat_delivered
+from app.surfaces.migration import Delivered, Migration, Splicer
 from app.upstream import UpstreamResponse, sse_events
 
 if TYPE_CHECKING:

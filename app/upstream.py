@@ -1,6 +1,6 @@
 """The upstream wire: one pooled aiohttp session, a request's response head, its body or its SSE events.
 
-What the bytes mean (usage, finish reasons, model names) is the API surface's business (app/api/surfaces/);
+What the bytes mean (usage, finish reasons, model names) is the API surface's business (app/surfaces/);
 which replica, how often and with what backoff is the dispatcher's (app/dispatch.py).
 """
 

@@ -335,9 +335,9 @@ def served_by(stack: Stack) -> dict[str, Span]:
 
 def prefix_keys(salt_secret: str = "kvgate-dev-secret") -> list[int]:
     """Each prefix's routing key, computed as the gateway does (chat view's key head, the tenant's cache salt)."""
-    from app.api.surfaces import CHAT
     from app.normalize import cache_salt_for
     from app.routing.prefix_key import routing_key
+    from app.surfaces import CHAT
 
     salt = cache_salt_for("spender", salt_secret)
     return [routing_key(CHAT.view({"messages": _messages(p, 0)}).key_head, salt) for p in range(PREFIXES)]

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app.api.surfaces import CHAT
 from app.config import ModelConfig
 from app.context import Tenant
 from app.normalize import VolatilityMemory, normalize
+from app.surfaces import CHAT
 
 TARGET_US = 50.0
 NOW = datetime(2026, 11, 30, 1, 0, 0, tzinfo=UTC)

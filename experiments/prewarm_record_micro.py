@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.api.surfaces import CHAT, MESSAGES
-from app.api.surfaces.base import Surface
 from app.prewarm.config import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
+from app.surfaces import CHAT, MESSAGES
+from app.surfaces.base import Surface
 
 
 def chat_turn(n: int) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces import CHAT
-from app.api.surfaces.openai import ChunkObserver, capture_usage, note_choices
 from app.context import RequestContext
+from app.surfaces import CHAT
+from app.surfaces.openai import ChunkObserver, capture_usage, note_choices
 
 SERVED = "Qwen/Qwen2.5-0.5B-Instruct"
 PUBLIC = "qwen-small"

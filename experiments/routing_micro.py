@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.api.surfaces import CHAT, COMPLETIONS
 from app.config import GatewayConfig, parse_config
 from app.context import Operation, RouteDecision, Tenant
 from app.routing.classify import classify
@@ -33,6 +32,7 @@ from app.routing.pick import pick
 from app.routing.prefix_key import routing_key
 from app.routing.state import ClusterState
 from app.store.memory import MemoryStore
+from app.surfaces import CHAT, COMPLETIONS
 
 GOAL_US = 20.0
 BATCH = 64

@@ -34,13 +34,13 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from app.api.surfaces import CHAT
 from app.config import parse_config
 from app.context import RequestContext, RouteDecision, Usage
 from app.limits import Limiter
 from app.store.base import Store
 from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
+from app.surfaces import CHAT
 from app.tenancy import TenantRegistry
 
 KEY = "sk-bench"

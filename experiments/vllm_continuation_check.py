@@ -21,7 +21,7 @@ import json
 
 import httpx
 
-from app.migration.base import after_held
+from app.surfaces.migration import after_held
 
 
 def streamed_deltas(c: httpx.Client, url: str, body: dict[str, object]) -> list[str]:

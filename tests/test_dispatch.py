@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from app.api.surfaces import CHAT
 from app.call_estimate import CallEstimate
 from app.context import ClassDecision, RequestContext
 from app.dispatch import Complete, Dispatcher, Lease, StreamRelay
 from app.errors import GatewayError, upstream_status, upstream_timeout, upstream_unreachable
 from app.routing.state import ClusterState, ReplicaState
+from app.surfaces import CHAT
 from tests.routing.factory import make_config
 
 A, B = "http://127.0.0.1:9101", "http://127.0.0.1:9102"

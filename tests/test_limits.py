@@ -8,7 +8,6 @@ from typing import Any
 import orjson
 import pytest
 
-from app.api.surfaces import CHAT, COMPLETIONS
 from app.config import RoutingConfig
 from app.context import Usage
 from app.errors import GatewayError
@@ -23,6 +22,7 @@ from app.routing.classify import classify
 from app.store.base import AdmitResult, LimitSpec, Release, SpendRecord, Store
 from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
+from app.surfaces import CHAT, COMPLETIONS
 from app.tenancy import TenantRegistry
 from tests.servers import free_port
 from tests.store.helpers import config, make_ctx

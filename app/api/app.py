@@ -21,11 +21,11 @@ from app.api.proxy import InferenceEndpoint, headers_of, internal_error, send_re
 from app.api.server import ConnectionGuard, register_connection_metrics
 from app.api.stored_responses import PREFIX as STORED_PREFIX
 from app.api.stored_responses import StoredResponseEndpoint
-from app.api.surfaces import SURFACES
 from app.config import GatewayConfig
 from app.errors import error_body
 from app.headers import REQUEST_ID
 from app.pipeline import Gateway, Reply
+from app.surfaces import SURFACES
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 
 import orjson
 
-from app.api.surfaces import SURFACES, Surface
 from app.config import GatewayConfig
 from app.context import RequestContext
 from app.errors import bad_request, not_found
+from app.surfaces import SURFACES, Surface
 
 _MAX_REQUEST_ID = 128
 

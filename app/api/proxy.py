@@ -16,10 +16,10 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from app.api.parse import parse_request, request_id_from
-from app.api.surfaces import SURFACES, Surface
 from app.errors import GatewayError, bad_request, too_large
 from app.headers import REQUEST_ID
 from app.pipeline import Gateway, Reply
+from app.surfaces import SURFACES, Surface
 
 if TYPE_CHECKING:
     from app.api.server import ConnectionStats

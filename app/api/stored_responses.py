@@ -9,11 +9,11 @@ from starlette.types import Receive, Scope, Send
 
 from app.api.parse import request_id_from
 from app.api.proxy import headers_of, send_reply
-from app.api.surfaces.openai import rewrite_model
 from app.errors import GatewayError, not_found
 from app.headers import API_KEY, REQUEST_ID
 from app.pipeline import Gateway, Reply
 from app.routing.response_affinity import ResponseRoutes, holder_gone
+from app.surfaces.openai import rewrite_model
 from app.upstream import forward_headers, transport_error
 
 PREFIX = "/v1/responses/"

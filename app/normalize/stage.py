@@ -15,7 +15,7 @@ from app.normalize.tools import ToolOrder, canonicalize_tools
 from app.prompt import PromptView, TextSlot, with_text
 
 if TYPE_CHECKING:
-    from app.api.surfaces.base import Surface
+    from app.surfaces.base import Surface
 
 _ALL_RULES = frozenset(RULES)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from app.api.surfaces.base import Surface, WarmRequest
+    from app.surfaces.base import Surface, WarmRequest
 
 Slot = tuple[str, str, int]  # (pool, tenant, routing key)
 

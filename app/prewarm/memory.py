@@ -22,8 +22,8 @@ from app.prewarm.config import PrewarmConfig
 from app.prewarm.history import History, HistoryBook
 
 if TYPE_CHECKING:
-    from app.api.surfaces.base import Surface, WarmRequest
     from app.prompt import PromptView
+    from app.surfaces.base import Surface, WarmRequest
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ from app.routing.state import ClusterState, ReplicaState
 from app.telemetry import instruments as ins
 
 if TYPE_CHECKING:
-    from app.api.surfaces.base import WarmRequest
+    from app.surfaces.base import WarmRequest
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ runs it through the chat path; the sim does the same conversion and reuses the c
 rendering and prefix caching are the chat endpoint's. Errors the handler returns are wrapped in the Anthropic
 envelope; body validation errors (FastAPI's) keep the OpenAI one, as in vLLM.
 
-The conversion is written apart from the gateway's (app/migration/messages_chat.py) on purpose: the sim is the
+The conversion is written apart from the gateway's (app/surfaces/messages/to_chat.py) on purpose: the sim is the
 gateway's test double for vLLM, and one shared copy would let a bug in the gateway's conversion pass every test
 that runs against the sim (the recorded vLLM fixtures pin both copies to vLLM's own output).
 """

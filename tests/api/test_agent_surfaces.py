@@ -198,7 +198,7 @@ def test_messages_normalization_moves_the_billing_nonce_to_a_trailing_block(stac
 
 
 def test_a_billing_only_system_block_is_left_out_of_the_routing_key_and_normalization() -> None:
-    from app.api.surfaces import MESSAGES
+    from app.surfaces import MESSAGES
 
     def view(nonce: str) -> Any:
         return MESSAGES.view({"system": [

@@ -1,4 +1,4 @@
-"""Property-based fuzz of every inference path (app.api.surfaces.SURFACES) against the gateway in front of a sim:
+"""Property-based fuzz of every inference path (app.surfaces.SURFACES) against the gateway in front of a sim:
 random bodies (fields of the wrong type or missing, deep nesting, huge numbers, unicode, non-objects, malformed
 bytes) never get a 5xx other than an upstream condition (502/503/504), and every error is in its API's envelope:
 OpenAI's `{"error": {"message", "type", …}}`, Anthropic's `{"type": "error", "error": {"type", "message"}}` on
@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.surfaces import SURFACES
 from app.sim.options import SimOptions
 from app.sim.server import create_sim_app
+from app.surfaces import SURFACES
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway
 from tests.servers import serve_in_thread
 

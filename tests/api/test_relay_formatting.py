@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from app.api.surfaces import CHAT
-from app.api.surfaces.messages import MessagesObserver
-from app.api.surfaces.openai import ChunkObserver, plain_token_chunk, rewrite_model
-from app.api.surfaces.responses import ResponseObserver
 from app.context import RequestContext
+from app.surfaces import CHAT
+from app.surfaces.messages.adapter import MessagesObserver
+from app.surfaces.openai import ChunkObserver, plain_token_chunk, rewrite_model
+from app.surfaces.responses.adapter import ResponseObserver
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway
 from tests.servers import serve_in_thread
 

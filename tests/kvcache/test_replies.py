@@ -12,7 +12,7 @@ from app.dispatch import Complete, StreamRelay
 from app.kvcache.hashing import block_hashes
 from app.kvcache.replies import ReplyLearner, assistant_message, continues
 from app.kvcache.tokens import PromptBlocks, RequestBlocks
-from tests.migration.test_chat import chunk, usage
+from tests.surfaces.migration.test_chat import chunk, usage
 from tests.test_dispatch import A, B, FakeResponse, ctx, setup
 
 SMOLLM2 = Path.home() / ".cache/kvgate/models/smollm2-135m"

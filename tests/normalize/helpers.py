@@ -6,10 +6,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from app.api.surfaces import CHAT, COMPLETIONS, EMBEDDINGS, Surface
 from app.config import ModelConfig
 from app.context import NormalizeReport, Operation, Tenant
 from app.normalize import VolatilityMemory, normalize
+from app.surfaces import CHAT, COMPLETIONS, EMBEDDINGS, Surface
 
 NOW = datetime(2026, 11, 30, 1, 0, 0, tzinfo=UTC)
 

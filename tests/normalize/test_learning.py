@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from app.api.surfaces import MESSAGES, RESPONSES
 from app.normalize import BLOCK_CLOSE, BLOCK_OPEN, VolatilityMemory, normalize
 from app.normalize.lines import parse_learned
 from app.normalize.memory import RELAX_AFTER_SAMES, LearnedKey
 from app.normalize.rules import RULES, TYPED_RULES
 from app.normalize.scan import find_candidates
+from app.surfaces import MESSAGES, RESPONSES
 from tests.normalize.helpers import NOW, STATIC_SYSTEM, chat_body, model, run, tenant
 
 ALL = frozenset(RULES)

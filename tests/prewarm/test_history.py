@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 from pydantic import ValidationError
 
-from app.api.surfaces import CHAT
 from app.prewarm.config import PrewarmConfig
 from app.prewarm.history import History, HistoryBook
+from app.surfaces import CHAT
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.surfaces import CHAT, COMPLETIONS, RESPONSES
 from app.prewarm.config import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
+from app.surfaces import CHAT, COMPLETIONS, RESPONSES
 
 
 def chat(*messages: tuple[str, str], **extra: Any) -> dict[str, Any]:

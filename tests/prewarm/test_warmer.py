@@ -17,12 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.api.surfaces import CHAT
 from app.config import parse_config
 from app.prewarm.config import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
 from app.prewarm.warmer import REPLAY_OUTCOMES, RUN_RESULTS, Prewarmer, home_of
 from app.routing.state import ClusterState, ReplicaState
+from app.surfaces import CHAT
 from tests.servers import free_port, serve_in_thread
 
 PRICE = {"input_per_m": 1.0, "output_per_m": 2.0}

@@ -6,9 +6,9 @@ import hashlib
 import uuid
 from typing import Any
 
-from app.api.surfaces import CHAT
 from app.config import GatewayConfig, parse_config
 from app.context import RequestContext, RouteDecision, Tenant, Usage
+from app.surfaces import CHAT
 
 ACME_KEY = "sk-acme-dev"
 BETA_KEY = "sk-beta-dev"

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from app.api.surfaces import CHAT
 from app.config import PoolConfig, PriceConfig
 from app.context import (
     ClassDecision,
@@ -20,6 +19,7 @@ from app.context import (
     Usage,
 )
 from app.cost import pool_prices, request_cost
+from app.surfaces import CHAT
 from app.telemetry import Telemetry
 
 SECRET_PROMPT = "the-launch-code-is-7391"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.api.surfaces import CHAT
 from app.context import Timing
 from app.cost import COST_HEADER
+from app.surfaces import CHAT
 from app.telemetry.headers import (
     OVERHEAD_HEADER,
     overhead_s,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.surfaces import RESPONSES
-from app.api.surfaces.sse import named_event
 from app.dispatch import StreamRelay
-from app.migration.responses import ResponsesSplice, continuation, delivered, not_migratable
 from app.sim.responses_wire import ResponseEvents, ResponseShape
 from app.sim.surface import Usage
-from tests.migration.helpers import Migrated, collect, cut_and_continued, named_events, surface_ctx
+from app.surfaces import RESPONSES
+from app.surfaces.responses.migration import ResponsesSplice, continuation, delivered, not_migratable
+from app.surfaces.sse import named_event
+from tests.surfaces.migration.helpers import Migrated, collect, cut_and_continued, named_events, surface_ctx
 from tests.test_dispatch import A, B, FakeResponse, setup
 
 BODY: dict[str, Any] = {"model": "m", "input": "hi", "stream": True, "max_output_tokens": 10}

@@ -1,7 +1,7 @@
 """Messages streams: a cut stream continues on another replica through /v1/chat/completions, as Messages events.
 
 vLLM 0.32's Messages endpoint cannot continue a partial assistant turn, so the continuation is the chat
-request vLLM would have made of the Messages body (app/migration/messages_chat.py) with the delivered text as
+request vLLM would have made of the Messages body (app/surfaces/messages/to_chat.py) with the delivered text as
 the unfinished assistant turn (`continue_final_message`). Its chunks are turned into the client's Messages
 events: text deltas go on in the open text block (same index; no second message_start or
 content_block_start), a tool call becomes a tool_use block at the next index, and the stream ends with
@@ -15,14 +15,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.api.surfaces import CHAT
-from app.api.surfaces.messages import anthropic_error_type
-from app.api.surfaces.sse import event_doc, event_parts, named_event
 from app.context import RequestContext
-from app.migration.base import Delivered, HeldBack, Migration, Resend, int_at, lowered_caps, member, named_docs
-from app.migration.messages_chat import chat_request
+from app.surfaces.chat.adapter import ChatSurface
+from app.surfaces.messages.to_chat import chat_request
+from app.surfaces.messages.wire import anthropic_error_type
+from app.surfaces.migration import Delivered, HeldBack, Migration, Resend, int_at, lowered_caps, member, named_docs
+from app.surfaces.sse import event_doc, event_parts, named_event
 
 CHAT_PATH = "/v1/chat/completions"
+_CHAT = ChatSurface()  # stateless: the chat request a Messages stream continues as
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -210,7 +211,7 @@ class MessagesSplice:
 def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
     """vLLM's chat request for the body, plus the partial assistant turn, to the chat endpoint."""
     body = continuation(ctx.body, got.resume_text(), sent_tokens)
-    return Resend(CHAT_PATH, CHAT.upstream_body(body, served_model=served, priority=priority,
+    return Resend(CHAT_PATH, _CHAT.upstream_body(body, served_model=served, priority=priority,
                                                 cache_salt=ctx.cache_salt))  # fmt: skip
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import Surface
 from app.context import ClassDecision, RequestContext
 from app.dispatch import StreamRelay
+from app.surfaces.base import Surface
 from tests.test_dispatch import A, B, FakeResponse, FakeTransport, setup
 
 TOKENIZE_3 = b'{"count":3,"max_model_len":2048,"tokens":[1,2,3]}'

@@ -3,7 +3,7 @@ item (or a string input) with what vLLM renders, for one token, never stored."""
 
 from __future__ import annotations
 
-from app.api.surfaces import RESPONSES
+from app.surfaces import RESPONSES
 
 TOOLS = [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]
 

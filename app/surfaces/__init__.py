@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from app.api.surfaces.base import Parsed, StreamObserver, Surface
-from app.api.surfaces.chat import ChatSurface
-from app.api.surfaces.completions import CompletionsSurface
-from app.api.surfaces.embeddings import EmbeddingsSurface
-from app.api.surfaces.messages import CountTokensSurface, MessagesSurface
-from app.api.surfaces.passthrough import PASSTHROUGH_SURFACES
-from app.api.surfaces.responses import ResponsesSurface
+from app.surfaces.base import Parsed, StreamObserver, Surface
+from app.surfaces.chat.adapter import ChatSurface
+from app.surfaces.completions import CompletionsSurface
+from app.surfaces.embeddings import EmbeddingsSurface
+from app.surfaces.messages.adapter import CountTokensSurface, MessagesSurface
+from app.surfaces.passthrough import PASSTHROUGH_SURFACES
+from app.surfaces.responses.adapter import ResponsesSurface
 
 CHAT = ChatSurface()
 COMPLETIONS = CompletionsSurface()

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.api.surfaces.sse import event_doc, event_parts
 from app.context import RequestContext
+from app.surfaces.sse import event_doc, event_parts
 
 
 @dataclass(slots=True)

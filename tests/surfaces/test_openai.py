@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.api.surfaces.openai import capture_usage, rewrite_model
-from app.api.surfaces.openai import plain_token_chunk as _plain_token_chunk
 from app.context import Usage
+from app.surfaces.openai import capture_usage, rewrite_model
+from app.surfaces.openai import plain_token_chunk as _plain_token_chunk
 
 TOKEN = (b'data: {"id":"c","object":"chat.completion.chunk","model":"served","choices":[{"index":0,'
          b'"delta":{"content":"hi"},"logprobs":null,"finish_reason":null}]}\n\n')

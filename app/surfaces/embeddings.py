@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.api.surfaces.completions import CompletionsSurface
 from app.context import Operation
 from app.prompt import PromptView, content_chars
 from app.routing.prefix_key import prompt_head
+from app.surfaces.completions import CompletionsSurface
 
 
 class EmbeddingsSurface(CompletionsSurface):

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from app.dispatch import StreamRelay
-from app.migration.chat import Splice, continuation, delivered, not_migratable
+from app.surfaces.chat.migration import Splice, continuation, delivered, not_migratable
 from tests.test_dispatch import A, B, FakeResponse, ctx, replica, setup
 
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from app.context import Operation, RequestContext
     from app.normalize.placement import TailPlacement
+    from app.surfaces.migration import Migration
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,14 @@ class Surface(Protocol):
     template_kwargs: bool  # the body takes `chat_template_kwargs` (vLLM's chat endpoints)
     output_cap_fields: tuple[str, ...]  # where the body caps its output, newest first
     forward: tuple[str, ...]  # request headers passed on to vLLM as they came (anthropic-version)
+    # What the path and the optional features ask of an API, so none of them names one:
+    migration: Migration | None  # how a cut stream continues on another replica (None: it ends in an error event)
+    stores_responses: bool  # the replica keeps each response (GET, cancel and continuations must find it there)
+    hashes_blocks: bool  # its prompt renders through the model's chat template into exact KV blocks (kv_events)
+
+    def continues(self, body: Mapping[str, Any]) -> str | None:
+        """The id of the stored response this request continues (it must go where that response lives), or None."""
+        ...
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Check the body's fields (raise 400 GatewayError); may add what the gateway needs (include_usage)."""

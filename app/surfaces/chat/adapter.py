@@ -7,13 +7,15 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import WarmRequest, leading_then_user, positive_int, warm_within
-from app.api.surfaces.openai import OpenAISurface, media_free_parts
 from app.context import Operation
 from app.errors import bad_request
 from app.normalize.placement import TailPlacement, is_restated, last_user_index, place_in_chat
 from app.prompt import HeadBuilder, PromptView, TextSlot, content_chars, text_of, text_slots
 from app.routing.prefix_key import HEAD_CHARS
+from app.surfaces.base import WarmRequest, leading_then_user, positive_int, warm_within
+from app.surfaces.chat.migration import CHAT_MIGRATION
+from app.surfaces.migration import Migration
+from app.surfaces.openai import OpenAISurface, media_free_parts
 
 # Role and framing tokens the template adds per message.
 TOKENS_PER_MESSAGE = 4
@@ -29,6 +31,8 @@ class ChatSurface(OpenAISurface):
     operation: Operation = "chat"
     has_tools = True
     template_kwargs = True
+    migration: Migration | None = CHAT_MIGRATION
+    hashes_blocks = True
 
     def validate_fields(self, body: dict[str, Any]) -> None:
         """`messages` is a non-empty list of objects with a role; `tools` a list."""

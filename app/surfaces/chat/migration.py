@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.sse import event_doc
 from app.context import RequestContext
-from app.migration.base import Delivered, HeldBack, Migration, Resend, lowered_caps, same_endpoint
+from app.surfaces.migration import Delivered, HeldBack, Migration, Resend, lowered_caps, same_endpoint
+from app.surfaces.sse import event_doc
 
 _OUTPUT_CAPS = ("max_completion_tokens", "max_tokens")
 

@@ -7,7 +7,12 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import (
+from app.context import Operation, RequestContext, Usage
+from app.errors import GatewayError, bad_request
+from app.normalize.placement import TailPlacement, render_block
+from app.prompt import HeadBuilder, Path, PromptView, TextSlot, content_chars, text_of, text_slots
+from app.routing.prefix_key import HEAD_CHARS
+from app.surfaces.base import (
     Parsed,
     WarmRequest,
     leading_then_user,
@@ -19,13 +24,10 @@ from app.api.surfaces.base import (
     usage_in,
     warm_within,
 )
-from app.api.surfaces.openai import OpenAISurface
-from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
-from app.context import Operation, RequestContext, Usage
-from app.errors import GatewayError, bad_request
-from app.normalize.placement import TailPlacement, render_block
-from app.prompt import HeadBuilder, Path, PromptView, TextSlot, content_chars, text_of, text_slots
-from app.routing.prefix_key import HEAD_CHARS
+from app.surfaces.migration import Migration
+from app.surfaces.openai import OpenAISurface
+from app.surfaces.responses.migration import RESPONSES_MIGRATION
+from app.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 
 _LEADING_ROLES = frozenset({"system", "developer"})
 _TEXT_TYPES = ("input_text", "text", "output_text")
@@ -101,6 +103,13 @@ class ResponsesSurface(OpenAISurface):
     operation: Operation = "chat"
     has_tools = True
     output_cap_fields: tuple[str, ...] = ("max_output_tokens",)
+    migration: Migration | None = RESPONSES_MIGRATION
+    stores_responses = True
+
+    def continues(self, body: Mapping[str, Any]) -> str | None:
+        """The body's `previous_response_id`: that response is stored on one replica, which must serve this."""
+        previous = body.get("previous_response_id")
+        return previous if isinstance(previous, str) else None
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """`input` is a string or a list of items; the usual numeric ranges."""

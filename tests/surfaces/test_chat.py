@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces import CHAT
+from app.surfaces import CHAT
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 

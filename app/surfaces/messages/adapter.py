@@ -12,7 +12,12 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces.base import (
+from app.context import Operation, RequestContext, Usage
+from app.errors import GatewayError, bad_request
+from app.normalize.placement import TailPlacement, render_block
+from app.prompt import HeadBuilder, PromptView, TextSlot, content_chars, text_of, text_slots
+from app.routing.prefix_key import HEAD_CHARS
+from app.surfaces.base import (
     Parsed,
     WarmRequest,
     leading_then_user,
@@ -24,33 +29,13 @@ from app.api.surfaces.base import (
     usage_in,
     warm_within,
 )
-from app.api.surfaces.openai import rewrite_model
-from app.api.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
-from app.context import Operation, RequestContext, Usage
-from app.errors import GatewayError, bad_request
-from app.normalize.placement import TailPlacement, render_block
-from app.prompt import HeadBuilder, PromptView, TextSlot, content_chars, text_of, text_slots
-from app.routing.prefix_key import HEAD_CHARS
+from app.surfaces.messages.migration import MESSAGES_MIGRATION
+from app.surfaces.messages.wire import BILLING_HEADER, anthropic_error, anthropic_error_type
+from app.surfaces.migration import Migration
+from app.surfaces.openai import rewrite_model
+from app.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 
 TOKENS_PER_MESSAGE = 4
-_ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
-    529: "overloaded_error",
-}  # fmt: skip
-
-
-def anthropic_error_type(status: int) -> str:
-    """Anthropic's error type for an HTTP status (5xx other than overload: api_error)."""
-    return _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-
-
-def anthropic_error(status: int, message: str) -> bytes:
-    """Anthropic's error envelope."""
-    return orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
-
-
-BILLING_HEADER = "x-anthropic-billing-header"
 # What vLLM renders of a Messages body besides system and messages (thinking "disabled" and output_config's
 # effort become the template's reasoning_effort; an enabled thinking budget is a sampling parameter only).
 _RENDER_FIELDS = ("system", "tools", "tool_choice", "chat_template_kwargs")
@@ -135,7 +120,14 @@ class MessagesSurface:
     template_kwargs = False
     output_cap_fields: tuple[str, ...] = ("max_tokens",)
     forward: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
+    migration: Migration | None = MESSAGES_MIGRATION
+    stores_responses = False
+    hashes_blocks = False
     require_max_tokens = True
+
+    def continues(self, body: Mapping[str, Any]) -> str | None:
+        """None: a Messages conversation travels whole in every request."""
+        return None
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """`messages` of {role, content}; `max_tokens` required; `system` a string or text blocks."""
@@ -340,6 +332,7 @@ class CountTokensSurface(MessagesSurface):
     name = "messages_count_tokens"
     can_stream = False
     normalizable = False
+    migration: Migration | None = None
     require_max_tokens = False
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:

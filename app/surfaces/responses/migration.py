@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.api.surfaces.sse import event_doc, event_parts, named_event
 from app.context import RequestContext
-from app.migration.base import (
+from app.surfaces.migration import (
     Delivered,
     HeldBack,
     Migration,
@@ -30,6 +29,7 @@ from app.migration.base import (
     named_docs,
     same_endpoint,
 )
+from app.surfaces.sse import event_doc, event_parts, named_event
 
 _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _HEAD = frozenset({"response.created", "response.in_progress", "response.queued"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.migration.messages_chat import chat_messages, chat_request
+from app.surfaces.messages.to_chat import chat_messages, chat_request
 
 
 def test_system_blocks_drop_the_billing_line_and_blocks_become_chat_parts() -> None:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from app.api.surfaces.messages import BILLING_HEADER
+from app.surfaces.messages.wire import BILLING_HEADER
 
 # Messages fields vLLM copies onto the chat request under the same name.
 _SAME_NAME = ("temperature", "top_p", "top_k", "cache_salt", "chat_template_kwargs", "ignore_eos", "seed",

@@ -6,12 +6,12 @@ from typing import Any
 
 import orjson
 
-from app.api.surfaces import MESSAGES
-from app.api.surfaces.sse import named_event
-from app.migration.messages import MessagesSplice, anthropic_usage, delivered, not_migratable
 from app.sim.messages_wire import MessageEvents
-from tests.migration.helpers import Migrated, cut_and_continued, named_events
-from tests.migration.test_chat import chunk, usage
+from app.surfaces import MESSAGES
+from app.surfaces.messages.migration import MessagesSplice, anthropic_usage, delivered, not_migratable
+from app.surfaces.sse import named_event
+from tests.surfaces.migration.helpers import Migrated, cut_and_continued, named_events
+from tests.surfaces.migration.test_chat import chunk, usage
 from tests.test_dispatch import B
 
 BODY: dict[str, Any] = {"model": "m", "max_tokens": 10, "stream": True, "system": "Be brief.",

@@ -19,12 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.api.surfaces import SURFACES
-from app.api.surfaces.passthrough import CLASSIFY, DETOKENIZE, PASSTHROUGH_SURFACES, RERANK, SCORE, TOKENIZE
 from app.context import RequestContext
 from app.errors import GatewayError
 from app.limits import cap_max_tokens, estimate_input_tokens, max_output_tokens
 from app.sim.testing import running_sim
+from app.surfaces import SURFACES
+from app.surfaces.passthrough import CLASSIFY, DETOKENIZE, PASSTHROUGH_SURFACES, RERANK, SCORE, TOKENIZE
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_gateway
 from tests.servers import serve_in_thread
 

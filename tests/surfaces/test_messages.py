@@ -3,7 +3,7 @@ one token; count_tokens has none."""
 
 from __future__ import annotations
 
-from app.api.surfaces import COUNT_TOKENS, MESSAGES
+from app.surfaces import COUNT_TOKENS, MESSAGES
 
 TOOLS = [{"name": "Bash", "input_schema": {"type": "object"}}]
 SYSTEM = [{"type": "text", "text": "You are Claude Code."}]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.api.surfaces.base import (
+from app.context import RequestContext, Usage
+from app.errors import GatewayError, bad_request, error_body
+from app.surfaces.base import (
     Parsed,
     StreamObserver,
     WarmRequest,
@@ -19,9 +21,10 @@ from app.api.surfaces.base import (
     usage_count,
     usage_in,
 )
-from app.api.surfaces.sse import ModelRewrite, event_parts
-from app.context import RequestContext, Usage
-from app.errors import GatewayError, bad_request, error_body
+from app.surfaces.sse import ModelRewrite, event_parts
+
+if TYPE_CHECKING:
+    from app.surfaces.migration import Migration
 
 _COMPACT_DATA = b"data: {"
 _BARE_DATA = b"data:{"
@@ -176,7 +179,14 @@ class OpenAISurface:
     template_kwargs = False
     # Where the body caps its output, newest first (limits read and lower these).
     output_cap_fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    migration: Migration | None = None
+    stores_responses = False
+    hashes_blocks = False
     forward: tuple[str, ...] = ()
+
+    def continues(self, body: Mapping[str, Any]) -> str | None:
+        """None: only the Responses API continues a stored response."""
+        return None
 
     def validate(self, body: dict[str, Any]) -> Parsed:
         """Common OpenAI fields; always ask for the usage chunk on streams (limits and cost need it)."""

@@ -1,0 +1,1 @@
+"""OpenAI chat completions: the adapter and its mid-stream migration."""

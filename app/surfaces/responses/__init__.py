@@ -1,0 +1,1 @@
+"""OpenAI Responses: the adapter (stored responses, continuations) and its mid-stream migration."""
