@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from app import cli
 from app.config import load_config
+from tests.deploy.stack import stop
 from tests.servers import free_port
 
 
@@ -88,22 +88,13 @@ def test_serve_says_ready_only_once_every_model_has_a_healthy_replica(tmp_path: 
     with contextlib.ExitStack() as es:
         proc = subprocess.Popen([*run, "serve", "--config", str(path)], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-        es.callback(_stop, proc)
+        es.callback(stop, proc)
         first = _line(proc, time.monotonic() + 30)
         url = f"http://127.0.0.1:{gateway}"
         waiting = f"kvgate listening on {url}, not ready: no healthy replica for model(s) m - pools main (0/1"
         assert first.startswith(waiting), first
         sim = subprocess.Popen([*run, "sim", "--port", str(engine), "--model", "m"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        es.callback(_stop, sim)
+        es.callback(stop, sim)
         ready = _line(proc, time.monotonic() + 60)
         assert ready.startswith(f"kvgate ready on {url} - pools main (1/1 replica healthy)"), ready
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)

@@ -19,6 +19,12 @@ COMPOSE_CPU = ROOT / "docker-compose.cpu.yml"
 # Real vLLM-CPU engines, and the stack without the collector (scripts/compose-airgapped.sh runs both).
 COMPOSE_VLLM_CPU = ROOT / "docker-compose.vllm-cpu.yml"
 COMPOSE_AIRGAPPED = ROOT / "docker-compose.airgapped.yml"
+# The stacks users run: GPU engines, `kvgate sim` engines, and scripts/compose-airgapped.sh's vLLM-CPU engines.
+STACK_FILES = {
+    "gpu": (COMPOSE,),
+    "cpu": (COMPOSE, COMPOSE_CPU),
+    "vllm-cpu": (COMPOSE, COMPOSE_VLLM_CPU, COMPOSE_AIRGAPPED),
+}
 ENV_EXAMPLE = ROOT / ".env.example"
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
 

@@ -19,12 +19,9 @@ from typing import Any
 import pytest
 
 from tests.deploy.files import (
-    COMPOSE,
-    COMPOSE_AIRGAPPED,
-    COMPOSE_CPU,
-    COMPOSE_VLLM_CPU,
     ENV_EXAMPLE,
     ROOT,
+    STACK_FILES,
     bound_port,
     effective_compose,
     kv_events_json,
@@ -32,7 +29,7 @@ from tests.deploy.files import (
     read_env_file,
 )
 
-STACKS = {"gpu": (COMPOSE,), "cpu": (COMPOSE, COMPOSE_CPU), "vllm-cpu": (COMPOSE, COMPOSE_VLLM_CPU, COMPOSE_AIRGAPPED)}
+STACKS = STACK_FILES
 REQUIRED = ("KVGATE_SALT_SECRET", "GRAFANA_ADMIN_PASSWORD", "SPECULATIVE_CONFIG")
 # `!reset`, which docker-compose.cpu.yml uses, arrived in 2.24.
 MIN_VERSION = (2, 24)

@@ -19,19 +19,9 @@ import pytest
 import yaml
 
 from app.config import parse_config
-from tests.deploy.files import (
-    COMPOSE,
-    COMPOSE_AIRGAPPED,
-    COMPOSE_CPU,
-    COMPOSE_VLLM_CPU,
-    ENV_EXAMPLE,
-    ROOT,
-    effective_compose,
-    flag,
-    read_env_file,
-)
+from tests.deploy.files import ENV_EXAMPLE, ROOT, STACK_FILES, effective_compose, flag, read_env_file
 
-STACKS = {"gpu": (COMPOSE,), "cpu": (COMPOSE, COMPOSE_CPU), "vllm-cpu": (COMPOSE, COMPOSE_VLLM_CPU, COMPOSE_AIRGAPPED)}
+STACKS = STACK_FILES
 _LOAD = "import sys; from app.config import load_config; print(load_config(sys.argv[1]).model_dump_json())"
 
 
