@@ -218,15 +218,18 @@ def test_compose_runs_the_users_files_on_loopback_without_the_telemetry_profile(
 
 
 def test_chat_and_streams_route_by_class_to_both_engines(stack: Stack) -> None:
-    pools: dict[str, set[str]] = {"interactive": set(), "bulk": set()}
+    pools: dict[str, list[str]] = {"interactive": [], "bulk": []}
     for i in range(3):
         for cls in pools:
             for stream in (False, True):
                 route, _ = _chat(stack, cls, f"Say hello to number {i}.", stream=stream)
                 assert route["class"] == cls
-                pools[cls].add(route["pool"])
-    stack.say(f"routes: interactive → {sorted(pools['interactive'])}, bulk → {sorted(pools['bulk'])}")
-    assert "fast" in pools["interactive"] and pools["bulk"] == {"bulk"}
+                pools[cls].append(f"{route['pool']} ({route['reason']})")
+    stack.say(f"routes: interactive → {pools['interactive']}; bulk → {pools['bulk']}")
+    # Each class reaches its own engine; a request may still spill or borrow when its home pool is saturated
+    # (a bulk TTFT over its 500 ms SLO on two shared cores), which the reason says.
+    assert any(p.startswith("fast ") for p in pools["interactive"]), pools
+    assert any(p.startswith("bulk ") for p in pools["bulk"]), pools
 
 
 def test_responses_and_messages_and_their_streams_through_the_published_port(stack: Stack) -> None:
