@@ -65,6 +65,17 @@ class Stack:
         assert out.returncode == 0, out.stderr
         return int(out.stdout.strip() or 0)
 
+    def settled_spend_micros(self) -> int:
+        """acme's spend once no charge is still landing (two reads a second apart agree)."""
+        last = self.spend_micros()
+        for _ in range(30):
+            time.sleep(1)
+            now = self.spend_micros()
+            if now == last:
+                return now
+            last = now
+        raise AssertionError("acme's spend kept moving for 30 s with no request in flight")
+
     def health(self, service: str) -> str:
         """The container's health status (starting, healthy, unhealthy)."""
         cid = self.compose("ps", "-q", service, timeout=60).stdout.strip()
@@ -257,7 +268,7 @@ def _stream_cost(st: Stack) -> float:
 
 
 def test_spend_in_redis_is_the_cost_each_client_was_told(stack: Stack) -> None:
-    before = stack.spend_micros()
+    before = stack.settled_spend_micros()
     told: list[float] = []
     for cls in ("interactive", "bulk"):
         _, cost = _chat(stack, cls, "What is 2 + 2?")
@@ -327,8 +338,8 @@ def test_the_gateway_serves_through_a_restart_of_vllm_fast(stack: Stack) -> None
 
 
 def test_spend_survives_a_redis_restart(stack: Stack) -> None:
+    before = stack.settled_spend_micros()
     time.sleep(2)  # appendfsync everysec: what was written is on disk after a second
-    before = stack.spend_micros()
     assert before > 0
     out = stack.compose("restart", "redis", timeout=300)
     assert out.returncode == 0, out.stderr
