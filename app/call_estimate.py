@@ -16,25 +16,10 @@ runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from app.context import RequestContext
-from app.limits import max_output_tokens, tpm_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class CallEstimate:
-    """A request's predicted tokens on its picked replica."""
-
-    prompt_tokens: int
-    cached_tokens: int  # ≤ prompt_tokens: the picked replica's predicted prefix reuse
-    output_tokens: int  # the output cap (0: none set)
-    exact: bool  # prompt_tokens is the tokenizer's count, not the character estimate
-
-    def tpm_tokens(self, cached_weight: float) -> int:
-        """What the request is predicted to charge the TPM window (prompt, cached at their weight, output)."""
-        return tpm_tokens(self.prompt_tokens, self.cached_tokens, self.output_tokens, cached_weight)
-
+from app.hooks import PathHook
+from app.limits import Limiter, max_output_tokens
+from app.records import CallEstimate
 
 
 def estimate_call(ctx: RequestContext) -> CallEstimate:
@@ -46,3 +31,18 @@ def estimate_call(ctx: RequestContext) -> CallEstimate:
     cached = route.cached_tokens if route is not None and route.cached_tokens is not None else 0
     out = max_output_tokens(ctx.body, ctx.surface.output_cap_fields)
     return CallEstimate(prompt, min(cached, prompt), out, exact)
+
+
+class CallPricing(PathHook):
+    """After pick, before each upstream call: the request's estimate on its replica; the TPM reservation follows."""
+
+    name = "call_pricing"
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+
+    def after_pick(self, ctx: RequestContext) -> None:
+        """Estimate the call on the picked replica and move the tenant's TPM reservation to it."""
+        ctx.call_estimate = estimate = estimate_call(ctx)
+        if ctx.admission is not None:
+            self.limiter.reserve_estimate(ctx.admission, estimate)

@@ -46,7 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
     if workers != 1:
         from app.workers import serve_workers  # N processes on one port (SO_REUSEPORT), each the path below
 
-        return serve_workers(cfg, args.config, host, port, args.log_level, workers)
+        return serve_workers(serve_app, cfg, args.config, host, port, args.log_level, workers)
     return serve_app(cfg, host, port, args.log_level)
 
 

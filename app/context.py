@@ -8,37 +8,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.prompt import PromptView
+from app.records import CallEstimate, Operation, PickedReplica, Timing, Usage
 from app.store.base import LimitReason, LimitSpec
 
 if TYPE_CHECKING:
-    from app.admission.queue import Ticket
-    from app.call_estimate import CallEstimate
-    from app.kvcache.tokens import PromptBlocks
-    from app.routing.state import ReplicaState
+    from app.queue_ticket import Ticket
+    from app.records import PromptBlocks
     from app.surfaces.base import Surface
 
-Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
 RouteClass = Literal["interactive", "bulk"]
-
-
-@dataclass(slots=True)
-class Usage:
-    """Token counts as the upstream reported them (cached ⊆ prompt)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reported: bool = False
-
-    @property
-    def uncached_tokens(self) -> int:
-        """Prompt tokens that paid for prefill."""
-        return max(self.prompt_tokens - self.cached_tokens, 0)
-
-    @property
-    def total_tokens(self) -> int:
-        """Prompt plus completion tokens."""
-        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +29,9 @@ class Tenant:
     normalize_rules: frozenset[str] | None = None
     capture_content: bool = False
     shared_cache: bool = False
+    # The salt its requests carry to vLLM (None: it opted into the shared cache), computed once when the
+    # registry builds the tenant (an HMAC per request is measurable).
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,20 +85,9 @@ class RouteDecision:
     priority: int | None = None
     attempt: int = 1
     detail: str = ""  # why it left the home pool (spill/failover), for the span
-    target: ReplicaState | None = None  # set by pick; None only in records built outside routing
+    target: PickedReplica | None = None  # set by pick (a ReplicaState); None only in records built outside routing
     cached_tokens: int | None = None  # prompt tokens the replica is predicted to reuse (kv_events)
     load_stamp: str | None = None  # which shared load snapshot decided, when routing.peer_load.route_header is on
-
-
-@dataclass(slots=True)
-class Timing:
-    """Monotonic timestamps (time.perf_counter) the settle stage turns into latencies."""
-
-    start: float = 0.0
-    upstream_start: float = 0.0
-    first_token: float = 0.0
-    end: float = 0.0
-    upstream_busy: float = 0.0  # seconds spent waiting on the upstream, excluded from overhead
 
 
 @dataclass(slots=True)
@@ -164,6 +134,8 @@ class RequestContext:
     cost_usd: float = 0.0
     savings_usd: float = 0.0
     admission: Admission | None = None
+    # The prompt's routing key (app/prefix_key.py), set just before pick.
+    routing_key: int = 0
     # The prompt's exact KV block hashes, when a pool of the model routes on KV events.
     blocks: PromptBlocks | None = None
     # What the request is predicted to use on its picked replica (app/call_estimate.py), set after pick.

@@ -14,56 +14,23 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import orjson
 
 from app.admission.step import fair_priority
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
-from app.errors import FailureKind, GatewayError, bad_request
+from app.errors import GatewayError, bad_request
 from app.kvcache.replies import assistant_message
 from app.relay import Continued, StreamRelay
+from app.routing.lease import Lease
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
 from app.routing.retry import backoff_s
 from app.routing.state import ClusterState, ReplicaState
 from app.surfaces.migration import Delivered, Migration
 from app.upstream import Transport, UpstreamResponse, forward_headers
-
-
-class Lease:
-    """One attempt's hold on a replica: `on_start` now, then exactly one of success, failure or release."""
-
-    __slots__ = ("_open", "replica")
-
-    def __init__(self, replica: ReplicaState) -> None:
-        self.replica = replica
-        self._open = True
-        replica.on_start()
-
-    def succeed(self) -> None:
-        """The replica answered (any status that is not its fault)."""
-        if self._open:
-            self._open = False
-            self.replica.on_success()
-
-    def fail(self, kind: FailureKind) -> None:
-        """The replica failed the attempt."""
-        if self._open:
-            self._open = False
-            self.replica.on_failure(kind)
-
-    def release(self) -> None:
-        """The attempt ended with no verdict on the replica (the client left, the task was cancelled)."""
-        if self._open:
-            self._open = False
-            self.replica.on_release()
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 @dataclass(slots=True)
@@ -138,7 +105,8 @@ class Dispatcher:
             self._on_attempt(ctx, headers)
             ctx.upstream_called = True
             assert route.target is not None, "pick always names the replica state"
-            lease = Lease(route.target)
+            replica = cast(ReplicaState, route.target)  # pick and _pinned set a ReplicaState
+            lease = Lease(replica)
             try:
                 ctx.timing.upstream_start = time.perf_counter()
                 resp = await self.transport.send(route.replica, ctx.path, payload, headers)
@@ -155,7 +123,7 @@ class Dispatcher:
                 raise
             ctx.error_type = None
             if ctx.stream and resp.status == 200:
-                self._note_load(route.target, resp)  # vLLM 0.32 sends none on streams; a later one may
+                self._note_load(replica, resp)  # vLLM 0.32 sends none on streams; a later one may
                 return StreamRelay(
                     ctx, resp, lease, ctx.surface.stream_observer(ctx, served),
                     migrate=self._migrate, migration=ctx.surface.migration,
@@ -172,7 +140,7 @@ class Dispatcher:
                     ctx.timing.upstream_busy = ctx.timing.end - ctx.timing.upstream_start
                 resp.release()
                 lease.succeed()
-            self._note_load(route.target, resp)
+            self._note_load(replica, resp)
             return self._complete(ctx, resp, body, served)
         assert last is not None
         raise last
@@ -195,7 +163,7 @@ class Dispatcher:
         served = self.cfg.pools[route.pool].served_model
         sent = await self._count_tokens(route.replica, served, got.resume_text()) or got.chunks
         resend = migration.continuation(ctx, got, sent, served, route.priority)
-        lease = Lease(route.target)
+        lease = Lease(cast(ReplicaState, route.target))  # pick set a ReplicaState
         try:
             payload = orjson.dumps(resend.body)
             resp = await self.transport.send(route.replica, resend.path, payload, forward_headers(ctx.request_id))

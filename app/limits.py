@@ -41,7 +41,7 @@ from app.store.base import MICROS_PER_USD, LimitReason, LimitSpec, Release, Stor
 from app.tenancy import TenantRegistry
 
 if TYPE_CHECKING:
-    from app.call_estimate import CallEstimate
+    from app.records import CallEstimate
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,8 @@ class Limiter:
         if not admission.enforced or not admission.tokens_reserved or spec.tpm is None:
             return
         weight = self._registry.limits_for(admission.tenant_id).tpm_cached_weight
-        target = min(max(estimate.tpm_tokens(weight), 1), spec.tpm)
+        predicted = tpm_tokens(estimate.prompt_tokens, estimate.cached_tokens, estimate.output_tokens, weight)
+        target = min(max(predicted, 1), spec.tpm)
         delta = target - admission.tokens_reserved
         if delta == 0:
             return

@@ -20,7 +20,7 @@ from app.surfaces.migration import Delivered, Migration, Splicer
 from app.upstream import UpstreamResponse, sse_events
 
 if TYPE_CHECKING:
-    from app.dispatch import Lease
+    from app.routing.lease import Lease
 
 
 class Continued(NamedTuple):

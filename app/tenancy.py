@@ -19,6 +19,7 @@ from collections.abc import Callable
 from app.config import GatewayConfig, LimitsConfig, ReferencePrice, TenantConfig
 from app.context import Tenant
 from app.errors import GatewayError, invalid_key, store_unavailable
+from app.normalize.salt import cache_salt_for
 from app.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ def keys_match(presented: str, allowed_hashes: set[str]) -> bool:
     return any(hmac.compare_digest(digest, h) for h in allowed_hashes)
 
 
-def _tenant_from(tc: TenantConfig) -> Tenant:
+def _tenant_from(tc: TenantConfig, salt_secret: str) -> Tenant:
     return Tenant(
         id=tc.id,
+        cache_salt=None if tc.shared_cache else cache_salt_for(tc.id, salt_secret),
         default_class=tc.default_class,
         normalize=tc.normalize,
         normalize_rules=frozenset(tc.normalize_rules) if tc.normalize_rules is not None else None,
@@ -80,8 +82,9 @@ class TenantRegistry:
         self._ttl = cfg.auth.key_cache_ttl_s if cache_ttl_s is None else cache_ttl_s
         self._clock = clock
         self._configs = {t.id: t for t in cfg.tenants}
-        self._tenants = {t.id: _tenant_from(t) for t in cfg.tenants}
-        self._anonymous = self._tenants.get(ANONYMOUS, Tenant(ANONYMOUS))
+        secret = cfg.normalize.salt_secret
+        self._tenants = {t.id: _tenant_from(t, secret) for t in cfg.tenants}
+        self._anonymous = self._tenants.get(ANONYMOUS, Tenant(ANONYMOUS, cache_salt=cache_salt_for(ANONYMOUS, secret)))
         # Hashes only: the plaintext of config keys is dropped here.
         self._config_keys = {hash_key(k): t.id for t in cfg.tenants for k in t.api_keys}
         self._cache: dict[str, tuple[str | None, float]] = {}

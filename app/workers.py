@@ -28,10 +28,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from app.config import GatewayConfig, load_config
-from app.config_models import workers_problem
+from app.config.models import workers_problem
 from app.telemetry.workers import WorkerMetrics
 
 # A worker that crashes more often than this within RESTART_WINDOW_S is not restarted again: the gateway stops.
@@ -76,16 +76,23 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker_main(config_path: str | None, host: str, port: int, log_level: str, info: WorkerInfo) -> None:
+class ServeApp(Protocol):
+    """The single-process serve path a worker runs (app/cli.py's serve_app, handed in so this module does not
+    import the CLI; a module-level function, so the spawned child unpickles it by name)."""
+
+    def __call__(self, cfg: GatewayConfig, host: str, port: int, log_level: str, *, sock: socket.socket | None = None,
+                 worker: WorkerInfo | None = None) -> int: ...  # fmt: skip
+
+
+def _worker_main(serve: ServeApp, config_path: str | None, host: str, port: int, log_level: str,
+                 info: WorkerInfo) -> None:  # fmt: skip
     """A worker process: its own process group, the parent watched, then the single-process serve path."""
     os.setpgid(0, 0)
     parent = os.getppid()
     threading.Thread(target=_watch_parent, args=(parent,), name="kvgate-parent-watch", daemon=True).start()
-    from app.cli import serve_app
-
     cfg = load_config(config_path)
     sock = reuseport_socket(host, port)
-    code = serve_app(cfg, host, port, log_level, sock=sock, worker=info)
+    code = serve(cfg, host, port, log_level, sock=sock, worker=info)
     if info.metrics is not None:
         info.metrics.stop()
     sys.exit(code)
@@ -101,8 +108,9 @@ def _watch_parent(parent: int) -> None:
 class Supervisor:
     """Starts the workers, restarts one that crashes, forwards the stop signal and waits for the drain."""
 
-    def __init__(self, cfg: GatewayConfig, config_path: str | None, host: str, port: int, log_level: str,
-                 workers: int) -> None:  # fmt: skip
+    def __init__(self, serve: ServeApp, cfg: GatewayConfig, config_path: str | None, host: str, port: int,
+                 log_level: str, workers: int) -> None:  # fmt: skip
+        self.serve = serve
         self.cfg = cfg
         self.config_path = config_path
         self.host = host
@@ -139,7 +147,7 @@ class Supervisor:
         started = self._ctx.Event()
         info = WorkerInfo(index, self.count, self.directory, started)
         proc = self._ctx.Process(
-            target=_worker_main, args=(self.config_path, self.host, self.port, self.log_level, info),
+            target=_worker_main, args=(self.serve, self.config_path, self.host, self.port, self.log_level, info),
             name=f"kvgate-worker-{index}",
         )  # fmt: skip
         proc.start()
@@ -184,8 +192,8 @@ class Supervisor:
                 proc.join(5)
 
 
-def serve_workers(cfg: GatewayConfig, config_path: str | None, host: str, port: int, log_level: str,
-                  workers: int) -> int:  # fmt: skip
+def serve_workers(serve: ServeApp, cfg: GatewayConfig, config_path: str | None, host: str, port: int,
+                  log_level: str, workers: int) -> int:  # fmt: skip
     """Run `workers` gateway processes on host:port; exit 2 when the config cannot run that many."""
     problem = workers_problem(workers, cfg.store.url) if workers >= 1 else f"{workers}: give 1 or more"
     if problem is None and not hasattr(socket, "SO_REUSEPORT"):
@@ -193,4 +201,4 @@ def serve_workers(cfg: GatewayConfig, config_path: str | None, host: str, port: 
     if problem is not None:
         print(f"--workers: {problem}", file=sys.stderr)
         return 2
-    return Supervisor(cfg, config_path, host, port, log_level, workers).run()
+    return Supervisor(serve, cfg, config_path, host, port, log_level, workers).run()

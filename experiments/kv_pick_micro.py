@@ -40,13 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.workloads import Workload, WorkloadOptions
+from app.config.policies import KvEventsParams
 from app.kvcache.publisher import BlockStoredEvent, KvEventPublisher
 from app.kvcache.replies import ReplyLearner
 from app.kvcache.subscriber import EventSource, KvEventsHub
 from app.kvcache.tokens import RequestBlocks
-from app.routing.kv_events import KvEvents, KvEventsParams
+from app.prefix_key import routing_key
+from app.routing.kv_events import KvEvents
 from app.routing.prefix_affinity import PrefixAffinity
-from app.routing.prefix_key import routing_key
 from app.routing.state import ReplicaState
 
 MODEL = Path.home() / ".cache/kvgate/models/smollm2-135m"

@@ -336,7 +336,7 @@ def served_by(stack: Stack) -> dict[str, Span]:
 def prefix_keys(salt_secret: str = "kvgate-dev-secret") -> list[int]:
     """Each prefix's routing key, computed as the gateway does (chat view's key head, the tenant's cache salt)."""
     from app.normalize import cache_salt_for
-    from app.routing.prefix_key import routing_key
+    from app.prefix_key import routing_key
     from app.surfaces import CHAT
 
     salt = cache_salt_for("spender", salt_secret)

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.config import parse_config  # noqa: E402
+from app.config.peer_load import PeerLoadSettings  # noqa: E402
 from app.routing.peer_load import PeerLoad  # noqa: E402
-from app.routing.peer_load_config import PeerLoadSettings  # noqa: E402
 from app.routing.state import ClusterState, ReplicaState  # noqa: E402
 from app.store.redis_store import RedisStore  # noqa: E402
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
 from app.surfaces import CHAT, MESSAGES
 from app.surfaces.base import Surface

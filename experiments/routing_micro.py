@@ -24,12 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from app.config import GatewayConfig, parse_config
+from app.config.peer_load import PeerLoadSettings
 from app.context import Operation, RouteDecision, Tenant
+from app.prefix_key import routing_key
 from app.routing.classify import classify
 from app.routing.peer_load import PeerLoad, Pending, replica_field
-from app.routing.peer_load_config import PeerLoadSettings
 from app.routing.pick import pick
-from app.routing.prefix_key import routing_key
 from app.routing.state import ClusterState
 from app.store.memory import MemoryStore
 from app.surfaces import CHAT, COMPLETIONS

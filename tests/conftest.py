@@ -7,6 +7,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from app.api.app import create_app
 from app.config import GatewayConfig, parse_config
@@ -15,6 +16,10 @@ from tests.servers import FakeUpstream, serve_in_thread
 pytest_plugins = ["tests.store.redis_fixtures"]
 
 PUBLIC_MODEL = "public-model"
+
+# Properties are about values, not speed: on a loaded 2-core machine one example may take seconds.
+settings.register_profile("kvgate", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kvgate")
 
 
 def gateway_config(replicas: list[str], **overrides: Any) -> GatewayConfig:

@@ -9,8 +9,8 @@ import pytest
 from app.call_estimate import CallEstimate, estimate_call
 from app.context import Usage
 from app.errors import GatewayError
-from app.kvcache.tokens import PromptBlocks
 from app.limits import Limiter, tpm_tokens
+from app.records import PromptBlocks
 from app.store.base import Release, SpendRecord, Store, StoreUnavailable
 from app.store.memory import MemoryStore
 from app.tenancy import TenantRegistry

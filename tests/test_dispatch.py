@@ -9,8 +9,9 @@ import pytest
 
 from app.call_estimate import CallEstimate
 from app.context import ClassDecision, RequestContext
-from app.dispatch import Complete, Dispatcher, Lease, StreamRelay
+from app.dispatch import Complete, Dispatcher, StreamRelay
 from app.errors import GatewayError, upstream_status, upstream_timeout, upstream_unreachable
+from app.routing.lease import Lease
 from app.routing.state import ClusterState, ReplicaState
 from app.surfaces import CHAT
 from tests.routing.factory import make_config

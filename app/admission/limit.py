@@ -9,8 +9,8 @@ The pool's capacity (requests running when every replica is full) is learned fro
 
 from __future__ import annotations
 
-from app.admission.config import AdmissionConfig
 from app.admission.saturation import Saturation
+from app.config.admission import AdmissionConfig
 
 
 def learn_capacity(capacity: int | None, sat: Saturation) -> int | None:

@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
-from app.admission.config import AdmissionConfig, RouteClass
 from app.admission.limit import learn_capacity, next_limit
 from app.admission.pace import EventRate, demand_reserve, pace_gap_s
 from app.admission.prefill import PrefillGate
 from app.admission.saturation import ReplicaLoad, Saturation, assess
-from app.admission.ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
 from app.admission.vtc import Entry, VirtualTokenCounter
+from app.config.admission import AdmissionConfig, RouteClass
+from app.queue_ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
 
 __all__ = ["AdmissionQueue", "AdmissionRejected", "Ticket", "WaitStats"]
 

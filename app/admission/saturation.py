@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from app.admission.config import AdmissionConfig
+from app.config.admission import AdmissionConfig
 
 SaturationReason = Literal["waiting", "kv_usage", "in_flight_tokens"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from app.admission.config import AdmissionConfig
 from app.admission.queue import AdmissionQueue, AdmissionRejected, Ticket
+from app.config.admission import AdmissionConfig
 from app.context import RequestContext
 from app.errors import GatewayError
 from app.headers import LIMIT, RETRY_AFTER

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from app.admission.config import RouteClass
+from app.config.admission import RouteClass
 
 T = TypeVar("T")
 CLASSES: tuple[RouteClass, ...] = ("interactive", "bulk")

@@ -23,8 +23,9 @@ from app.api.stored_responses import PREFIX as STORED_PREFIX
 from app.api.stored_responses import StoredResponseEndpoint
 from app.config import GatewayConfig
 from app.errors import error_body
+from app.gateway import Gateway
 from app.headers import REQUEST_ID
-from app.pipeline import Gateway, Reply
+from app.reply import Reply
 from app.surfaces import SURFACES
 
 log = logging.getLogger(__name__)

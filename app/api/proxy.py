@@ -17,8 +17,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.api.parse import parse_request, request_id_from
 from app.errors import GatewayError, bad_request, too_large
+from app.gateway import Gateway
 from app.headers import REQUEST_ID
-from app.pipeline import Gateway, Reply
+from app.reply import Reply
 from app.surfaces import SURFACES, Surface
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.config_models import Listen
+from app.config.models import Listen
 from app.errors import error_body
 
 Phase = Literal["header", "body"]

@@ -10,8 +10,9 @@ from starlette.types import Receive, Scope, Send
 from app.api.parse import request_id_from
 from app.api.proxy import headers_of, send_reply
 from app.errors import GatewayError, not_found
+from app.gateway import Gateway
 from app.headers import API_KEY, REQUEST_ID
-from app.pipeline import Gateway, Reply
+from app.reply import Reply
 from app.routing.response_affinity import ResponseRoutes, holder_gone
 from app.surfaces.openai import rewrite_model
 from app.upstream import forward_headers, transport_error

@@ -22,13 +22,13 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from app.kvcache.chat_template import ChatRenderError, compile_template, load_chat_template, template_messages
 from app.kvcache.hashing import HashAlgo, block_digests, chain_digest, to_event_hash
 from app.kvcache.prefixes import Prefix, PrefixCache
+from app.records import PromptBlocks
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 # Stands in for the next turn's user message when a reply is learned: the render is cut before it.
@@ -52,14 +52,6 @@ class _Lru(OrderedDict[Any, Any]):
         self[key] = value
         if len(self) > self.capacity:
             self.popitem(last=False)
-
-
-@dataclass(frozen=True, slots=True)
-class PromptBlocks:
-    """A request's prompt length in tokens and its block hashes (ints, as vLLM's KV events publish them)."""
-
-    n_tokens: int
-    hashes: list[int]
 
 
 def effective_salt(body: Mapping[str, Any], cache_salt: str | None) -> str | None:

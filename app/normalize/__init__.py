@@ -4,11 +4,11 @@
 """
 
 from app.normalize.memory import VolatilityMemory
-from app.normalize.placement import BLOCK_CLOSE, BLOCK_OPEN
 from app.normalize.rules import RULES
 from app.normalize.salt import cache_salt_for, salt_for_tenant
 from app.normalize.stage import normalize
 from app.normalize.tools import canonicalize_tools
+from app.surfaces.placement import BLOCK_CLOSE, BLOCK_OPEN
 
 __all__ = [
     "BLOCK_CLOSE",

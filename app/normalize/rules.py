@@ -5,18 +5,8 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-# Stable public rule names: tenants allow a subset of these in `normalize_rules`.
-RULES: tuple[str, ...] = (
-    "iso_datetime",
-    "rfc2822_datetime",
-    "date",
-    "labelled_datetime",
-    "uuid",
-    "hex_id",
-    "prefixed_id",
-    "epoch",
-    "learned",
-)
+from app.config.normalize import RULES
+
 # `learned` is not a detector: it names lines found by their `key=value` / `key: value` structure alone,
 # which move only once the volatility memory has seen their values change (see `lines.parse_learned`).
 LEARNED = "learned"

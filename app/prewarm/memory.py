@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.history import History, HistoryBook
 
 if TYPE_CHECKING:

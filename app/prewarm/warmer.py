@@ -33,7 +33,7 @@ import orjson
 from opentelemetry.metrics import Counter, Histogram, Meter
 from opentelemetry.trace import Tracer
 
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.memory import Prefix, PrefixMemory
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.state import ClusterState, ReplicaState

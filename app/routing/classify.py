@@ -34,6 +34,7 @@ def classify(
     cfg: RoutingConfig,
     *,
     degraded: bool = False,
+    cap_fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens", "max_output_tokens"),
 ) -> ClassDecision:
     """Decide the latency class: degraded by limits, header, service_tier, tenant default, shape, default.
 
@@ -58,7 +59,7 @@ def classify(
     n = _int_field(body, "n")
     if n is not None and n > 1:
         return ClassDecision("bulk", "n")
-    max_tokens = _int_field(body, "max_completion_tokens", "max_tokens", "max_output_tokens")
+    max_tokens = _int_field(body, *cap_fields)  # the surface's own output-cap fields (Surface.output_cap_fields)
     if max_tokens is not None and max_tokens > cfg.bulk_max_tokens_threshold:
         return ClassDecision("bulk", "max_tokens")
     return ClassDecision(DEFAULT_CLASS, "default")

@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from app.config_models import GatewayConfig, ReplicaEvents
-from app.routing.discovery_config import DiscoveryConfig, KubernetesSelector
+from app.config.discovery import DiscoveryConfig, KubernetesSelector
+from app.config.models import GatewayConfig, ReplicaEvents
 from app.telemetry import instruments as ins
 
 log = logging.getLogger(__name__)

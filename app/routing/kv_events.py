@@ -15,27 +15,14 @@ pick fall back to prefix affinity for that request: a partial index would call a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from app.config.policies import KvEventsParams
 from app.routing.hashing import GOLDEN64, MASK64
-from app.routing.policy import Policy, Selection
+from app.routing.policy import Policy, R, Selection
 
 if TYPE_CHECKING:
-    from app.kvcache.tokens import PromptBlocks
-    from app.routing.state import ReplicaState
-
-
-class KvEventsParams(BaseModel):
-    """`policy: {type: kv_events, block_size: 128, load_tokens: 512}`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["kv_events"] = "kv_events"
-    # vLLM's --block-size (16 on GPUs; vLLM-CPU uses 128).
-    block_size: int = Field(16, ge=1)
-    # Prefill-equivalent tokens one request waiting ahead in the engine's queue costs.
-    load_tokens: int = Field(512, ge=0)
+    from app.records import PromptBlocks
 
 
 class BlockView(Protocol):
@@ -70,8 +57,8 @@ class KvEvents:
         self.fallback = fallback
 
     def select(
-        self, candidates: Sequence[ReplicaState], key: int, blocks: PromptBlocks | None = None
-    ) -> Selection:
+        self, candidates: Sequence[R], key: int, blocks: PromptBlocks | None = None
+    ) -> Selection[R]:
         """The cheapest replica by expected prefill + queueing; the runner-up is the second cheapest."""
         hub = self.hub
         if blocks is None or not blocks.hashes or not all(hub.is_whole(r.url) for r in candidates):

@@ -3,22 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import BaseModel, ConfigDict
 
 from app.routing.hashing import GOLDEN64, MASK64
-from app.routing.policy import Selection
-
-if TYPE_CHECKING:
-    from app.routing.state import ReplicaState
-
-
-class LeastLoadParams(BaseModel):
-    """`policy: least_load` (no parameters)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["least_load"] = "least_load"
+from app.routing.policy import R, Selection
 
 
 class LeastLoad:
@@ -26,12 +13,12 @@ class LeastLoad:
 
     name = "least_load"
 
-    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
+    def select(self, candidates: Sequence[R], key: int, blocks: object = None) -> Selection[R]:
         """The least-loaded candidate and the second least-loaded as runner-up."""
         best: tuple[int, int] | None = None
         second: tuple[int, int] | None = None
-        best_r: ReplicaState | None = None
-        second_r: ReplicaState | None = None
+        best_r: R | None = None
+        second_r: R | None = None
         for r in candidates:
             rank = (r.load(), ((key ^ r.hash) * GOLDEN64) & MASK64)  # ties: rendezvous_score, inlined
             if best is None or rank < best:

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import orjson
 
 REQUEST_HEADER = "endpoint-load-metrics-format"
 RESPONSE_HEADER = "endpoint-load-metrics"
-LoadReportFormat = Literal["TEXT", "JSON"]
 # The endpoints vLLM 0.32 answers with the header (chat/completion/api_router.py, completion/api_router.py).
 LOAD_REPORT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 

@@ -53,7 +53,7 @@ import orjson
 from opentelemetry.metrics import Meter, Observation
 
 from app.config import GatewayConfig
-from app.routing.peer_load_config import PeerLoadSettings
+from app.config.peer_load import PeerLoadSettings
 from app.routing.state import ClusterState
 from app.routing.store_clock import StoreClock
 from app.store.base import Store, StoreUnavailable

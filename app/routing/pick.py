@@ -14,7 +14,7 @@ from app.routing.spill import SpillTuning, cached_home_and_other, decide_spill, 
 from app.routing.state import ClusterState, PoolState
 
 if TYPE_CHECKING:
-    from app.kvcache.tokens import PromptBlocks
+    from app.records import PromptBlocks
 
 
 def _out_of_rotation(pool: PoolState, exclude: frozenset[str]) -> str:

@@ -18,34 +18,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from app.routing.hashing import GOLDEN64, MASK64
-from app.routing.policy import Selection
-
-if TYPE_CHECKING:
-    from app.routing.state import ReplicaState
+from app.routing.policy import R, Selection
 
 
 def bound(c: float, total: int, n: int) -> int:
     """The most requests one of `n` replicas may hold when they hold `total`: ceil(c * total / n)."""
     # The epsilon keeps float error (1.1 * 10 = 11.000000000000002) from granting an extra request.
     return math.ceil(c * total / n - 1e-9)
-
-
-class PrefixAffinityParams(BaseModel):
-    """`policy: {type: prefix_affinity, load_bound: c}`; without load_bound, `routing.load_bound` applies."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["prefix_affinity"] = "prefix_affinity"
-    load_bound: float | None = Field(None, ge=1.0)
-    # A home may always hold this many requests before the bound applies: at low load the bound (c x a mean
-    # below one) would send a prefix's second request elsewhere, and each gateway replica, seeing only its
-    # own in-flight requests, elsewhere differently. 0 keeps the pure bound.
-    min_bound: int = Field(0, ge=0)
-    spill: Literal["least_loaded", "ranked"] = "least_loaded"
 
 
 class PrefixAffinity:
@@ -60,7 +41,7 @@ class PrefixAffinity:
         self.min_bound = min_bound
         self.ranked_spill = spill == "ranked"
 
-    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
+    def select(self, candidates: Sequence[R], key: int, blocks: object = None) -> Selection[R]:
         """The home if within the bound (runner-up: the next-ranked), else the least loaded or the next-ranked
         within the bound (runner-up: home)."""
         n = len(candidates)

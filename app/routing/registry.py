@@ -7,15 +7,16 @@ below). A new policy is one module with a params model and a class, plus one row
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from app.routing.kv_events import BlockView, KvEvents, KvEventsParams
-from app.routing.least_load import LeastLoad, LeastLoadParams
+from app.config.policies import KvEventsParams, LeastLoadParams, PrefixAffinityParams, RoundRobinParams
+from app.routing.kv_events import BlockView, KvEvents
+from app.routing.least_load import LeastLoad
 from app.routing.policy import Policy
-from app.routing.prefix_affinity import PrefixAffinity, PrefixAffinityParams
-from app.routing.round_robin import RoundRobin, RoundRobinParams
+from app.routing.prefix_affinity import PrefixAffinity
+from app.routing.round_robin import RoundRobin
 
 
 class PolicyDefaults(NamedTuple):
@@ -48,16 +49,6 @@ POLICIES: dict[str, Entry] = {
     "round_robin": Entry(RoundRobinParams, lambda p, d: RoundRobin()),
     "least_load": Entry(LeastLoadParams, lambda p, d: LeastLoad()),
 }
-
-
-def policy_object(value: Any) -> Any:
-    """A bare name (the old form) is that policy with its default parameters."""
-    return {"type": value} if isinstance(value, str) else value
-
-
-PolicySpec = Annotated[
-    KvEventsParams | PrefixAffinityParams | RoundRobinParams | LeastLoadParams, Field(discriminator="type")
-]
 
 
 def build_policy(spec: BaseModel, defaults: PolicyDefaults) -> Policy:

@@ -3,21 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from app.routing.policy import Selection
-
-if TYPE_CHECKING:
-    from app.routing.state import ReplicaState
-
-
-class RoundRobinParams(BaseModel):
-    """`policy: round_robin` (no parameters)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["round_robin"] = "round_robin"
+from app.routing.policy import R, Selection
 
 
 class RoundRobin:
@@ -28,7 +15,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def select(self, candidates: Sequence[ReplicaState], key: int, blocks: object = None) -> Selection:
+    def select(self, candidates: Sequence[R], key: int, blocks: object = None) -> Selection[R]:
         """The candidate at the cursor; the runner-up is the one after it."""
         n = len(candidates)
         i = self._next % n

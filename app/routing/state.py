@@ -356,6 +356,13 @@ class ClusterState:
         state.peer_clock = previous.peer_clock if previous is not None else None
         return state
 
+    def rebuild(self, cfg: GatewayConfig, **kwargs: Any) -> None:
+        """Take the pools of a fresh build from `cfg` in place (survivors keep their state, see from_config), so
+        every part holding this state (dispatcher, scraper, pre-warmer, queues) sees the new replicas."""
+        fresh = ClusterState.from_config(cfg, self, **kwargs)
+        self.pools = fresh.pools
+        self.memo = fresh.memo
+
     def replicas(self) -> Iterator[ReplicaState]:
         """Every replica of every pool."""
         for pool in self.pools.values():

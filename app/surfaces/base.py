@@ -8,16 +8,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from app.context import Usage
 from app.errors import GatewayError, bad_request
 from app.prompt import PromptView
+from app.records import Usage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from app.context import Operation, RequestContext
-    from app.normalize.placement import TailPlacement
+    from app.records import Operation
+    from app.surfaces.exchange import Exchange
     from app.surfaces.migration import Migration
+    from app.surfaces.placement import TailPlacement
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,7 @@ class Surface(Protocol):
         """The body vLLM gets: the served model name and the gateway's scheduling fields."""
         ...
 
-    def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
+    def read_reply(self, doc: Mapping[str, Any], ctx: Exchange) -> None:
         """Record usage, response id and finish reasons from a complete 200 body."""
         ...
 
@@ -104,7 +105,7 @@ class Surface(Protocol):
         """An upstream 4xx body as this API's client expects it."""
         ...
 
-    def stream_observer(self, ctx: RequestContext, served: str) -> StreamObserver:
+    def stream_observer(self, ctx: Exchange, served: str) -> StreamObserver:
         """A fresh observer for one upstream stream."""
         ...
 

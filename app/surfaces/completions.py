@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.context import Operation
 from app.errors import bad_request
-from app.normalize.placement import TailPlacement, place_in_prompt
+from app.prefix_key import prompt_head
 from app.prompt import PromptView, TextSlot, content_chars
-from app.routing.prefix_key import prompt_head
+from app.records import Operation
 from app.surfaces.openai import OpenAISurface, media_free_parts
+from app.surfaces.placement import TailPlacement, place_in_prompt
 
 
 class CompletionsSurface(OpenAISurface):

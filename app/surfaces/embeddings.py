@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.context import Operation
+from app.prefix_key import prompt_head
 from app.prompt import PromptView, content_chars
-from app.routing.prefix_key import prompt_head
+from app.records import Operation
 from app.surfaces.completions import CompletionsSurface
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.context import RequestContext
+from app.surfaces.exchange import Exchange
 from app.surfaces.sse import event_doc, event_parts
 
 
@@ -76,7 +76,7 @@ class Migration:
     # Why the stream cannot continue faithfully elsewhere (a metric label), or None; gets the client's body.
     not_migratable: Callable[[Mapping[str, Any], Delivered], str | None]
     # The request that continues the delivered text: (ctx, delivered, sent tokens, served model, priority).
-    continuation: Callable[[RequestContext, Delivered, int, str, int | None], Resend]
+    continuation: Callable[[Exchange, Delivered, int, str, int | None], Resend]
     # A fresh splice of the continuation stream into the client's: (delivered, sent tokens).
     splice: Callable[[Delivered, int], Splicer]
 
@@ -106,7 +106,7 @@ def after_held(held: str, text: str) -> str:
     return HeldBack(held).text(text)
 
 
-def same_endpoint(ctx: RequestContext, body: dict[str, Any], served: str, priority: int | None) -> Resend:
+def same_endpoint(ctx: Exchange, body: dict[str, Any], served: str, priority: int | None) -> Resend:
     """A continuation body sent where the request went, through its surface's upstream_body."""
     out = ctx.surface.upstream_body(body, served_model=served, priority=priority, cache_salt=ctx.cache_salt)
     return Resend(ctx.path, out)

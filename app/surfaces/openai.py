@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.context import RequestContext, Usage
 from app.errors import GatewayError, bad_request, error_body
+from app.records import Usage
 from app.surfaces.base import (
     Parsed,
     StreamObserver,
@@ -21,6 +21,7 @@ from app.surfaces.base import (
     usage_count,
     usage_in,
 )
+from app.surfaces.exchange import Exchange
 from app.surfaces.sse import ModelRewrite, event_parts
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def capture_usage(usage_obj: Mapping[str, Any] | None, into: Usage) -> None:
     )
 
 
-def note_choices(ctx: RequestContext, choices: object) -> bool:
+def note_choices(ctx: Exchange, choices: object) -> bool:
     """Record finish reasons; True when a choice carried generated content."""
     produced = False
     if not isinstance(choices, list):
@@ -97,7 +98,7 @@ class ChunkObserver:
 
     __slots__ = ("_ctx", "_model", "_public_marker", "_served_marker", "delivered", "done")
 
-    def __init__(self, ctx: RequestContext, served: str) -> None:
+    def __init__(self, ctx: Exchange, served: str) -> None:
         self._ctx = ctx
         self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
         # The fast path's markers, held here: attribute reads per chunk instead of a call.
@@ -225,7 +226,7 @@ class OpenAISurface:
                 out["cache_salt"] = cache_salt
         return out
 
-    def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
+    def read_reply(self, doc: Mapping[str, Any], ctx: Exchange) -> None:
         """Usage, id and finish reasons of a complete body."""
         usage = doc.get("usage")
         capture_usage(usage if isinstance(usage, Mapping) else None, ctx.usage)
@@ -264,7 +265,7 @@ class OpenAISurface:
                               "unknown_url")  # fmt: skip
         return error_body(doc["detail"], "invalid_request_error")
 
-    def stream_observer(self, ctx: RequestContext, served: str) -> StreamObserver:
+    def stream_observer(self, ctx: Exchange, served: str) -> StreamObserver:
         """OpenAI's chunk observer."""
         return ChunkObserver(ctx, served)
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.context import Operation
 from app.errors import bad_request
-from app.normalize.placement import TailPlacement
+from app.prefix_key import prompt_head
 from app.prompt import PromptView, text_of
-from app.routing.prefix_key import prompt_head
+from app.records import Operation
 from app.surfaces.base import Parsed, stream_flag
 from app.surfaces.chat.adapter import ChatSurface
 from app.surfaces.openai import OpenAISurface, media_free_parts
+from app.surfaces.placement import TailPlacement
 
 # The body fields that carry what the request is about, by endpoint family (the first present one keys
 # the replica choice and, on opt-in, the span's input messages).

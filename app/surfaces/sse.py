@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from app.context import RequestContext
+from app.surfaces.exchange import Exchange
 
 
 def event_parts(event: bytes) -> tuple[bytes, bytes]:
@@ -82,7 +82,7 @@ class NamedEventObserver:
 
     __slots__ = ("_ctx", "_model", "delivered", "done")
 
-    def __init__(self, ctx: RequestContext, served: str) -> None:
+    def __init__(self, ctx: Exchange, served: str) -> None:
         self._ctx = ctx
         self._model = ModelRewrite(served, ctx.model) if served != ctx.model else None
         self.done = False

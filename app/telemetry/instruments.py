@@ -125,6 +125,17 @@ KV_EVENTS_INDEX_BLOCKS = MetricSpec("gateway.kv_events.index_blocks", "{block}",
 KV_EVENTS_FALLBACKS = MetricSpec(
     "gateway.kv_events.fallbacks", "{pick}", "kv_events picks that fell back to prefix affinity"
 )
+KV_EVENTS_BATCHES = MetricSpec(
+    "gateway.kv_events.batches", "{batch}", "Event batches received from a replica's stream", ("replica",)
+)
+KV_EVENTS_STREAM_ISSUES = MetricSpec(
+    "gateway.kv_events.stream_issues", "{issue}",
+    "A replica's event stream trouble by kind: duplicate, decode_error, skipped_event, restart, replay_failure, "
+    "unrecoverable", ("replica", "kind"),
+)  # fmt: skip
+KV_EVENTS_MAX_LAG = MetricSpec(
+    "gateway.kv_events.max_lag", "s", "Largest age of an event batch on arrival since start", ("replica",)
+)
 DISCOVERY_REPLICAS = MetricSpec(
     "gateway.discovery.replicas", "{replica}", "Replicas the pool's discovery source lists now", ("pool",)
 )
@@ -166,7 +177,8 @@ PEER_LOAD_CLOCK_OFFSET = MetricSpec(
 METER_METRICS = (
     (KV_EVENTS_RECEIVED, "counter"), (KV_EVENTS_GAPS, "counter"), (KV_EVENTS_REPLAYS, "counter"),
     (KV_EVENTS_LAG, "gauge"), (KV_EVENTS_WHOLE, "gauge"), (KV_EVENTS_INDEX_BLOCKS, "gauge"),
-    (KV_EVENTS_FALLBACKS, "counter"), (DISCOVERY_REPLICAS, "gauge"), (DISCOVERY_ERRORS, "counter"),
+    (KV_EVENTS_FALLBACKS, "counter"), (KV_EVENTS_BATCHES, "counter"), (KV_EVENTS_STREAM_ISSUES, "counter"),
+    (KV_EVENTS_MAX_LAG, "gauge"), (DISCOVERY_REPLICAS, "gauge"), (DISCOVERY_ERRORS, "counter"),
     (DISCOVERY_CHANGES, "counter"), (PREWARM_REQUESTS, "counter"), (PREWARM_RUNS, "counter"),
     (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"), (REPLICAS, "gauge"),
     (PEER_LOAD_PROCESSES, "gauge"), (PEER_LOAD_IN_FORCE, "gauge"), (PEER_LOAD_EXCHANGES, "counter"),
@@ -214,6 +226,9 @@ PROMETHEUS_NAMES = {
     KV_EVENTS_WHOLE.name: "gateway_kv_events_whole",
     KV_EVENTS_INDEX_BLOCKS.name: "gateway_kv_events_index_blocks",
     KV_EVENTS_FALLBACKS.name: "gateway_kv_events_fallbacks_total",
+    KV_EVENTS_BATCHES.name: "gateway_kv_events_batches_total",
+    KV_EVENTS_STREAM_ISSUES.name: "gateway_kv_events_stream_issues_total",
+    KV_EVENTS_MAX_LAG.name: "gateway_kv_events_max_lag_seconds",
     DISCOVERY_REPLICAS.name: "gateway_discovery_replicas",
     DISCOVERY_ERRORS.name: "gateway_discovery_errors_total",
     DISCOVERY_CHANGES.name: "gateway_discovery_changes_total",

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from app.admission.config import AdmissionConfig
+from app.config.admission import AdmissionConfig
 
 
 def test_defaults_are_off_with_the_documented_thresholds() -> None:

@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from app.admission import AdmissionQueue
 from app.api.app import create_app
-from app.pipeline import Gateway
+from app.gateway import Gateway
 from app.sim.testing import running_sim
 from tests.conftest import PUBLIC_MODEL, gateway_config
 from tests.servers import serve_in_thread
@@ -246,7 +246,7 @@ def test_degrade_serves_a_refused_interactive_request_as_bulk_on_the_bulk_pool()
 
 
 def test_a_stream_tells_its_ticket_of_the_first_token_once_while_it_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.admission.ticket import Ticket
+    from app.queue_ticket import Ticket
 
     calls: list[bool] = []
     real = Ticket.first_token

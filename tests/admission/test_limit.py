@@ -1,6 +1,6 @@
-from app.admission.config import AdmissionConfig
 from app.admission.limit import learn_capacity, next_limit
 from app.admission.saturation import Saturation
+from app.config.admission import AdmissionConfig
 
 CFG = AdmissionConfig(enabled=True, max_waiting_per_replica=4)
 SATURATED = Saturation(True, "waiting", replicas=2, saturated_replicas=2, excess=6, queued=14, running=60,

@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from app.admission.config import AdmissionConfig
 from app.admission.queue import AdmissionQueue, AdmissionRejected, Ticket
+from app.config.admission import AdmissionConfig
 from tests.admission.fakes import FakeClock, FakeReplica
 
 CFG = AdmissionConfig(enabled=True, max_waiting_per_replica=4)

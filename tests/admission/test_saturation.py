@@ -1,5 +1,5 @@
-from app.admission.config import AdmissionConfig
 from app.admission.saturation import assess, replica_saturation
+from app.config.admission import AdmissionConfig
 from app.routing.state import ReplicaState
 from tests.admission.fakes import FakeReplica
 

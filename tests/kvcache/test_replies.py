@@ -11,7 +11,8 @@ import pytest
 from app.dispatch import Complete, StreamRelay
 from app.kvcache.hashing import block_hashes
 from app.kvcache.replies import ReplyLearner, assistant_message, continues
-from app.kvcache.tokens import PromptBlocks, RequestBlocks
+from app.kvcache.tokens import RequestBlocks
+from app.records import PromptBlocks
 from tests.surfaces.migration.test_chat import chunk, usage
 from tests.test_dispatch import A, B, FakeResponse, ctx, setup
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from app.api.app import create_app
-from app.pipeline import Gateway
+from app.gateway import Gateway
 from app.sim.testing import free_port, running_sim
 from tests.conftest import PUBLIC_MODEL, gateway_config
 from tests.servers import serve_in_thread

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 from pydantic import ValidationError
 
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.history import History, HistoryBook
 from app.surfaces import CHAT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
 from app.surfaces import CHAT, COMPLETIONS, RESPONSES
 

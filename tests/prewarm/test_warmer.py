@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app.config import parse_config
-from app.prewarm.config import PrewarmConfig
+from app.config.prewarm import PrewarmConfig
 from app.prewarm.memory import PrefixMemory
 from app.prewarm.warmer import REPLAY_OUTCOMES, RUN_RESULTS, Prewarmer, home_of
 from app.routing.state import ClusterState, ReplicaState

@@ -21,6 +21,8 @@ from starlette.routing import Route
 
 from app.api.app import create_app
 from app.config import parse_config
+from app.config.discovery import KubernetesSelector
+from app.config.policies import PrefixAffinityParams
 from app.routing.discovery import (
     Discoverer,
     DiscoveryError,
@@ -31,8 +33,6 @@ from app.routing.discovery import (
     system_resolver,
     with_replicas,
 )
-from app.routing.discovery_config import KubernetesSelector
-from app.routing.prefix_affinity import PrefixAffinityParams
 from app.routing.state import ClusterState
 from tests.servers import FakeUpstream, free_port, running
 

@@ -14,8 +14,8 @@ import pytest
 
 from app.api.app import create_app
 from app.config import ConfigError, parse_config
+from app.config.discovery import DiscoveredEvents
 from app.routing.discovery import with_replicas
-from app.routing.discovery_config import DiscoveredEvents
 from app.sim.options import SimOptions
 from app.sim.server import create_sim_app
 from tests.routing.test_discovery import PRICE, Records, _port_free_on_both, _wait, serve

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import pytest
 
 from app.config import ConfigError, parse_config
-from app.kvcache.tokens import PromptBlocks
-from app.routing.kv_events import KvEvents, KvEventsParams
+from app.config.policies import KvEventsParams
+from app.records import PromptBlocks
+from app.routing.kv_events import KvEvents
 from app.routing.prefix_affinity import PrefixAffinity
 from app.routing.state import ClusterState, ReplicaState
 from tests.routing.factory import PRICE

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import parse_config
+from app.config.peer_load import PeerLoadSettings
 from app.context import ClassDecision
-from app.pipeline import Gateway
+from app.gateway import Gateway
 from app.routing.peer_load import PeerLoad, Pending, counts_of_round, replica_field, until_exchange
-from app.routing.peer_load_config import PeerLoadSettings
 from app.routing.pick import pick
 from app.routing.prefix_affinity import PrefixAffinity
 from app.routing.state import ClusterState, ReplicaState

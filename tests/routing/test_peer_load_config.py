@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.routing.peer_load_config import PeerLoadSettings
+from app.config.peer_load import PeerLoadSettings
 
 
 def test_a_ttl_shorter_than_two_rounds_is_refused() -> None:

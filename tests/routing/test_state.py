@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
 from app.routing.state import ClusterState, ReplicaState
@@ -175,3 +178,21 @@ def test_open_breaker_readmits_one_trial_after_cooldown_then_closes_on_success()
     assert not r.available()
     r.on_success()
     assert r.available() and r.in_rotation
+
+
+# -- the hot path's inlined twin: PoolState.candidates runs ReplicaState.available() inlined --------------------
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.sampled_from(["closed", "open", "half_open"]),
+                          st.booleans()), min_size=1, max_size=6),
+       st.sets(st.integers(0, 5)))  # fmt: skip
+def test_candidates_are_exactly_the_available_replicas_not_excluded(flags: list[tuple[bool, bool, str, bool]],
+                                                                    excluded: set[int]) -> None:  # fmt: skip
+    urls = [f"http://127.0.0.1:{9100 + i}" for i in range(len(flags))]
+    pool = ClusterState.from_config(make_config(urls, [])).pools["fast"]
+    for replica, (healthy, warming, breaker, refreshed) in zip(pool.replicas, flags, strict=True):
+        replica.healthy = healthy
+        replica.warming = warming
+        replica.breaker.state = breaker  # type: ignore[assignment]
+        if refreshed:
+            replica._refresh()  # else in_rotation is stale, as between a verdict and its refresh
+    exclude = frozenset(pool.replicas[i].url for i in excluded if i < len(pool.replicas))
+    assert pool.candidates(exclude) == [r for r in pool.replicas if r.available() and r.url not in exclude]

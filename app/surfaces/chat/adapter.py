@@ -7,15 +7,15 @@ from typing import Any
 
 import orjson
 
-from app.context import Operation
 from app.errors import bad_request
-from app.normalize.placement import TailPlacement, is_restated, last_user_index, place_in_chat
+from app.prefix_key import HEAD_CHARS
 from app.prompt import HeadBuilder, PromptView, TextSlot, content_chars, text_of, text_slots
-from app.routing.prefix_key import HEAD_CHARS
+from app.records import Operation
 from app.surfaces.base import WarmRequest, leading_then_user, positive_int, warm_within
 from app.surfaces.chat.migration import CHAT_MIGRATION
 from app.surfaces.migration import Migration
 from app.surfaces.openai import OpenAISurface, media_free_parts
+from app.surfaces.placement import TailPlacement, is_restated, last_user_index, place_in_chat
 
 # Role and framing tokens the template adds per message.
 TOKENS_PER_MESSAGE = 4

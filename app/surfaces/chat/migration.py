@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from app.context import RequestContext
+from app.surfaces.exchange import Exchange
 from app.surfaces.migration import Delivered, HeldBack, Migration, Resend, lowered_caps, same_endpoint
 from app.surfaces.sse import event_doc
 
@@ -148,7 +148,7 @@ def _role_only(doc: Mapping[str, Any]) -> bool:
     return False
 
 
-def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
+def resend(ctx: Exchange, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
     """The original body plus the partial assistant turn, to the same path."""
     return same_endpoint(ctx, continuation(ctx.body, got.resume_text(), sent_tokens), served, priority)
 

@@ -12,11 +12,10 @@ from typing import Any
 
 import orjson
 
-from app.context import Operation, RequestContext, Usage
 from app.errors import GatewayError, bad_request
-from app.normalize.placement import TailPlacement, render_block
+from app.prefix_key import HEAD_CHARS
 from app.prompt import HeadBuilder, PromptView, TextSlot, content_chars, text_of, text_slots
-from app.routing.prefix_key import HEAD_CHARS
+from app.records import Operation, Usage
 from app.surfaces.base import (
     Parsed,
     WarmRequest,
@@ -29,10 +28,12 @@ from app.surfaces.base import (
     usage_in,
     warm_within,
 )
+from app.surfaces.exchange import Exchange
 from app.surfaces.messages.migration import MESSAGES_MIGRATION
 from app.surfaces.messages.wire import BILLING_HEADER, anthropic_error, anthropic_error_type
 from app.surfaces.migration import Migration
 from app.surfaces.openai import rewrite_model
+from app.surfaces.placement import TailPlacement, render_block
 from app.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 
 TOKENS_PER_MESSAGE = 4
@@ -260,7 +261,7 @@ class MessagesSurface:
             out["cache_salt"] = cache_salt
         return out
 
-    def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
+    def read_reply(self, doc: Mapping[str, Any], ctx: Exchange) -> None:
         """Usage, id and stop reason of a complete message."""
         usage = doc.get("usage")
         capture_messages_usage(usage if isinstance(usage, Mapping) else None, ctx.usage)
@@ -283,7 +284,7 @@ class MessagesSurface:
                 message = err["message"]
         return anthropic_error(status, message)
 
-    def stream_observer(self, ctx: RequestContext, served: str) -> MessagesObserver:
+    def stream_observer(self, ctx: Exchange, served: str) -> MessagesObserver:
         """Messages' event observer."""
         return MessagesObserver(ctx, served)
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.context import RequestContext
 from app.surfaces.chat.adapter import ChatSurface
+from app.surfaces.exchange import Exchange
 from app.surfaces.messages.to_chat import chat_request
 from app.surfaces.messages.wire import anthropic_error_type
 from app.surfaces.migration import Delivered, HeldBack, Migration, Resend, int_at, lowered_caps, member, named_docs
@@ -208,7 +208,7 @@ class MessagesSplice:
         return [*self._close(), named_event("message_delta", delta), stop]
 
 
-def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
+def resend(ctx: Exchange, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
     """vLLM's chat request for the body, plus the partial assistant turn, to the chat endpoint."""
     body = continuation(ctx.body, got.resume_text(), sent_tokens)
     return Resend(CHAT_PATH, _CHAT.upstream_body(body, served_model=served, priority=priority,

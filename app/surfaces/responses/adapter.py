@@ -7,11 +7,10 @@ from typing import Any
 
 import orjson
 
-from app.context import Operation, RequestContext, Usage
 from app.errors import GatewayError, bad_request
-from app.normalize.placement import TailPlacement, render_block
+from app.prefix_key import HEAD_CHARS
 from app.prompt import HeadBuilder, Path, PromptView, TextSlot, content_chars, text_of, text_slots
-from app.routing.prefix_key import HEAD_CHARS
+from app.records import Operation, Usage
 from app.surfaces.base import (
     Parsed,
     WarmRequest,
@@ -24,8 +23,10 @@ from app.surfaces.base import (
     usage_in,
     warm_within,
 )
+from app.surfaces.exchange import Exchange
 from app.surfaces.migration import Migration
 from app.surfaces.openai import OpenAISurface
+from app.surfaces.placement import TailPlacement, render_block
 from app.surfaces.responses.migration import RESPONSES_MIGRATION
 from app.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 
@@ -235,7 +236,7 @@ class ResponsesSurface(OpenAISurface):
         """A response object's `usage`."""
         return usage_in(doc, capture_response_usage)
 
-    def read_reply(self, doc: Mapping[str, Any], ctx: RequestContext) -> None:
+    def read_reply(self, doc: Mapping[str, Any], ctx: Exchange) -> None:
         """Usage, id and status of a complete response object."""
         usage = doc.get("usage")
         capture_response_usage(usage if isinstance(usage, Mapping) else None, ctx.usage)
@@ -245,7 +246,7 @@ class ResponsesSurface(OpenAISurface):
         if isinstance(status, str):
             ctx.finish_reasons.append(status)
 
-    def stream_observer(self, ctx: RequestContext, served: str) -> ResponseObserver:
+    def stream_observer(self, ctx: Exchange, served: str) -> ResponseObserver:
         """Responses' event observer."""
         return ResponseObserver(ctx, served)
 

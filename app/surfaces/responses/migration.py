@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.context import RequestContext
+from app.surfaces.exchange import Exchange
 from app.surfaces.migration import (
     Delivered,
     HeldBack,
@@ -247,7 +247,7 @@ def summed_usage(usage: dict[str, Any], sent_tokens: int) -> dict[str, Any]:
     return summed
 
 
-def resend(ctx: RequestContext, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
+def resend(ctx: Exchange, got: Delivered, sent_tokens: int, served: str, priority: int | None) -> Resend:
     """The original request plus the partial message item, to the same path."""
     assert isinstance(got, ResponsesDelivered)
     return same_endpoint(ctx, continuation(ctx.body, got, sent_tokens), served, priority)

@@ -11,15 +11,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.admission.config import AdmissionConfig
-from app.prewarm.config import PrewarmConfig
-from app.routing.discovery_config import DiscoveryConfig
-from app.routing.kv_events import KvEventsParams
-from app.routing.load_report_config import LoadReportSettings
-from app.routing.peer_load_config import PeerLoadSettings
-from app.routing.prefix_affinity import PrefixAffinityParams
-from app.routing.registry import PolicySpec, policy_object
-from app.routing.round_robin import RoundRobinParams
+from app.config.admission import AdmissionConfig
+from app.config.discovery import DiscoveryConfig
+from app.config.load_report import LoadReportSettings
+from app.config.peer_load import PeerLoadSettings
+from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams, RoundRobinParams, policy_object
+from app.config.prewarm import PrewarmConfig
 
 RouteClassName = Literal["interactive", "bulk"]
 NormalizeMode = Literal["off", "observe", "on"]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.routing.prefix_key import CHUNK_CHARS, PREFIX_CHUNKS, routing_key
+from app.prefix_key import CHUNK_CHARS, PREFIX_CHUNKS, routing_key
 from app.surfaces import CHAT, COMPLETIONS, EMBEDDINGS
 
 _SURFACES = {"chat": CHAT, "text_completion": COMPLETIONS, "embeddings": EMBEDDINGS}

@@ -5,9 +5,12 @@ Self-contained (no import of app.config) so PoolConfig mounts it with one line.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
-from app.routing.load_report import LoadReportFormat
+# How vLLM encodes its in-band load header (endpoint-load-metrics-format).
+LoadReportFormat = Literal["TEXT", "JSON"]
 
 
 class LoadReportSettings(BaseModel):

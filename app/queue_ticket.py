@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-from app.admission.config import RouteClass
-
-if TYPE_CHECKING:
-    from app.admission.queue import AdmissionQueue
+from app.config.admission import RouteClass
 
 RejectReason = Literal["queue_full", "deadline"]
 
@@ -42,13 +39,25 @@ class WaitStats:
             self.max_s = seconds
 
 
+class TicketOwner(Protocol):
+    """What a ticket calls back on the queue that issued it (app/admission/queue.py's AdmissionQueue)."""
+
+    pool: str
+
+    def _first_token(self, ticket: Ticket) -> None: ...
+
+    def _release(self, ticket: Ticket) -> None: ...
+
+    def _correct(self, tenant: str, delta: int) -> None: ...
+
+
 class Ticket:
     """A started request's slot: settle() with the actual cost, release() (or leave `async with`) when done."""
 
     __slots__ = ("_correction", "_queue", "_released", "_settled", "over_share", "predicted_tokens", "queued",
                  "route_class", "tenant", "waited_s")  # fmt: skip
 
-    def __init__(self, queue: AdmissionQueue, tenant: str, route_class: RouteClass, predicted_tokens: int,
+    def __init__(self, queue: TicketOwner, tenant: str, route_class: RouteClass, predicted_tokens: int,
                  waited_s: float, queued: bool, over_share: bool = False) -> None:  # fmt: skip
         self._queue = queue
         self.tenant = tenant

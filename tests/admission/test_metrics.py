@@ -5,9 +5,9 @@ from __future__ import annotations
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from app.admission.config import AdmissionConfig
+from app.admission.metrics import register_queue_metrics
 from app.admission.queue import AdmissionQueue
-from app.telemetry.queue_metrics import register_queue_metrics
+from app.config.admission import AdmissionConfig
 
 
 def gauges(queue: AdmissionQueue) -> dict[str, list[float]]:

@@ -1,6 +1,6 @@
 """The gateway's configuration: YAML file + `KVGATE_*` environment overrides, validated up front.
 
-The schema (every key and its default) is in app/config_models.py; this module loads it and reports every
+The schema (every key and its default) is in app/config/models.py; this module loads it and reports every
 problem with its key path (`pools.fast.replicas[0]: not a URL`).
 """
 
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import EnvSettingsSource
 
-from app.config_models import (
+from app.config.models import (
     URL_RE,
     AuthConfig,
     BackoffConfig,
@@ -41,7 +41,7 @@ from app.config_models import (
     UpstreamConfig,
 )
 
-EMBEDDED_CONFIG = Path(__file__).resolve().parent / "defaults" / "local.yaml"  # config/local.yaml links here
+EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "defaults" / "local.yaml"  # config/local.yaml links here
 
 __all__ = [
     "EMBEDDED_CONFIG", "AuthConfig", "BackoffConfig", "BreakerSettings", "ConfigError", "GatewayConfig",
@@ -82,7 +82,7 @@ def _problems_from_validation(err: ValidationError) -> list[Problem]:
 
 
 def _semantic_problems(cfg: GatewayConfig) -> list[Problem]:
-    from app.normalize.rules import RULES as known_rules  # the normalize package imports this module
+    from app.config.normalize import RULES as known_rules
 
     problems: list[Problem] = []
     seen_models: set[str] = set()

@@ -1,0 +1,72 @@
+"""The fair admission queue as a path hook: before pick, a request takes a slot of its pool's queue (waiting only
+while that pool is saturated), or is refused with the queue's 429, or (on_exceed degrade) served as bulk.
+
+Registered only where some pool has a queue (`pools.<p>.admission`); the scraper's rounds feed each queue's view
+of its pool's saturation through `on_scrape`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from app.admission.queue import AdmissionQueue, AdmissionRejected
+from app.admission.step import predicted_tokens, queue_error
+from app.hooks import PathHook
+from app.routing.classify import classify
+from app.routing.spill import cached_home_and_other
+
+if TYPE_CHECKING:
+    from app.config import ModelConfig, RoutingConfig
+    from app.context import RequestContext
+    from app.routing.state import ClusterState, ReplicaState
+    from app.telemetry import Telemetry
+
+
+class FairAdmission(PathHook):
+    """Holds a slot of the request's pool on the context (settle releases it), or raises the queue's 429."""
+
+    name = "fair_admission"
+
+    def __init__(self, queues: Mapping[str, AdmissionQueue], cluster: Callable[[], ClusterState],
+                 routing: RoutingConfig, telemetry: Telemetry) -> None:  # fmt: skip
+        self.queues = queues
+        self._cluster = cluster
+        self._routing = routing
+        self._telemetry = telemetry
+
+    async def before_pick(self, ctx: RequestContext, model: ModelConfig) -> None:
+        """Wait for a slot of the class's home pool (or the pinned one); a refused interactive request with
+        on_exceed degrade is re-classified bulk and queued again (its pool, its queue)."""
+        assert ctx.route_class is not None and ctx.tenant is not None
+        tenant = ctx.tenant
+        while True:
+            rclass = ctx.route_class.route_class
+            if ctx.pinned is not None:
+                pool = ctx.pinned[0]
+            else:
+                pool = cached_home_and_other(model, rclass, self._cluster())[0].name
+            queue = self.queues.get(pool)
+            if queue is None:
+                return
+            try:
+                ctx.queue_ticket = ticket = await queue.acquire(tenant.id, rclass, predicted_tokens(ctx),
+                                                                watch_first_token=ctx.stream)  # fmt: skip
+            except AdmissionRejected as err:
+                degrade = queue.cfg.on_exceed == "degrade" and rclass == "interactive" and ctx.pinned is None
+                self._telemetry.record_limited(ctx, "queue", "degrade" if degrade else "reject")
+                if not degrade:
+                    raise queue_error(err, tenant.id) from None
+                ctx.limit_notes.append("degraded:queue")
+                ctx.route_class = classify(ctx.body, ctx.headers, tenant, self._routing, degraded=True,
+                                           cap_fields=ctx.surface.output_cap_fields)  # fmt: skip
+                continue
+            self._telemetry.record_queue_wait(pool, tenant.id, rclass, ticket.waited_s)
+            return
+
+    def on_scrape(self, replica: ReplicaState) -> None:
+        """After a replica's probe: its pool's queue re-assesses saturation (and may release waiters)."""
+        queue = self.queues.get(replica.pool)
+        pool = self._cluster().pools.get(replica.pool)
+        if queue is not None and pool is not None:
+            queue.on_state_change(pool.candidates())
