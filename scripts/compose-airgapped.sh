@@ -178,7 +178,7 @@ build() {
   shift 4
   log "building $image"
   DOCKER_BUILDKIT=0 docker build --network host --label "$LABEL=$hash" -t "$image" -f "$dockerfile" \
-    --build-arg "BASE=$BASE_IMAGE" --build-arg "DEBIAN_MIRROR=$MIRROR" "$@" "$context" >"$WORK/build-${image//[:\/]/_}.log" 2>&1 ||
+    --build-arg "BASE=$BASE_IMAGE" "$@" "$context" >"$WORK/build-${image//[:\/]/_}.log" 2>&1 ||
     { tail -n 40 "$WORK/build-${image//[:\/]/_}.log" >&2; die "building $image failed (log: $WORK/build-${image//[:\/]/_}.log)"; }
   log "$image built in $((SECONDS - t0)) s"
 }
