@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from app.config.types import NormalizeMode, RouteClassName
 from app.prompt import PromptView
 from app.records import CallEstimate, Operation, PickedReplica, Timing, Usage
 from app.store.base import LimitReason, LimitSpec
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from app.records import PromptBlocks
     from app.surfaces.base import Surface
 
-RouteClass = Literal["interactive", "bulk"]
+RouteClass = RouteClassName
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +26,7 @@ class Tenant:
 
     id: str
     default_class: RouteClass | None = None
-    normalize: Literal["off", "observe", "on"] = "off"
+    normalize: NormalizeMode = "off"
     normalize_rules: frozenset[str] | None = None
     capture_content: bool = False
     shared_cache: bool = False
@@ -38,7 +39,7 @@ class Tenant:
 class NormalizeReport:
     """What normalization did (or would do, in observe mode): rule names and counts, never values."""
 
-    mode: Literal["off", "observe", "on"]
+    mode: NormalizeMode
     moved: dict[str, int] = field(default_factory=dict)  # rule name -> spans moved
     tools_canonicalized: int = 0
     date_pinned: bool = False

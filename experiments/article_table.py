@@ -17,7 +17,7 @@ slower than real time (--time-scale < 1) so the host CPU keeps up with the model
 (kvgate_sim_step_lateness_seconds) is reported per run: it is the time steps ran past their modeled end.
 
     .venv/bin/python experiments/article_table.py                # print the tables (about 5 min on a busy 2-core host)
-    .venv/bin/python experiments/article_table.py --write docs/article-table.md --json /tmp/article.json
+    .venv/bin/python experiments/article_table.py --write docs/measurements/article-table.md --json /tmp/article.json
     .venv/bin/python experiments/article_table.py --quick        # smaller runs, for a smoke test
 """
 
@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.bench import BenchResult, BenchSpec, Pricing, run_bench  # noqa: E402
+from kvlab.net import free_port  # noqa: E402
 
 GPU_HOUR_USD = 2.50  # one H100-80GB on demand, the gateway config's example price
 TABLE_START, TABLE_END = "<!-- article-table:start -->", "<!-- article-table:end -->"
@@ -95,16 +95,11 @@ SECTIONS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @contextlib.contextmanager
 def sim_process(engine: Engine, time_scale: float) -> Iterator[str]:
     """`kvgate sim --profile h100-8b` with the engine's flags in a child process; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(port), "--profile", "h100-8b",
            "--model", "llama-3.1-8b", "--time-scale", str(time_scale), *engine.flags()]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -37,7 +37,7 @@ from app.bench.spec import RequestRecord  # noqa: E402
 SERVER = """
 import asyncio, sys
 from aiohttp import web
-from tests.bench.fake_openai import FakeOpenAI
+from kvlab.fake_openai import FakeOpenAI
 fake = FakeOpenAI(tokens=int(sys.argv[2]), first_delay_s=0.0, token_delay_s=float(sys.argv[3]), cached_tokens=0)
 web.run_app(fake.app(), host="127.0.0.1", port=int(sys.argv[1]), print=None, backlog=4096)
 """

@@ -41,7 +41,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.deploy.stack import (  # noqa: E402
+from kvlab.net import free_port  # noqa: E402
+from kvlab.procs import spawn, stop, wait_ready  # noqa: E402
+from kvlab.stack import (  # noqa: E402
     FAST_SIM,
     MODEL,
     gateway_config,
@@ -50,11 +52,7 @@ from tests.deploy.stack import (  # noqa: E402
     redis_store,
     sim_argv,
     sim_ports,
-    spawn,
-    stop,
-    wait_http,
 )
-from tests.servers import free_port  # noqa: E402
 
 KVGATE = [sys.executable, "-m", "app.cli"]
 SCRAPE_S = 1  # short-lived states (a replica warming for a second) still get a sample
@@ -135,7 +133,7 @@ class Run:
         cfg_path.write_text(yaml.safe_dump(cfg))
         for name, url in zip(("gateway", "gateway-2"), self.gateways, strict=True):
             argv = [*KVGATE, "serve", "--config", str(cfg_path), "--port", str(self.ports[name])]
-            wait_http(f"{url}/ready", spawn(self.es, self.logs, name, argv), self.logs, name)
+            wait_ready(f"{url}/ready", spawn(self.es, self.logs, name, argv), self.logs, name)
         gateways = [self.ports["gateway"], self.ports["gateway-2"]]
         targets = {
             "gateway": gateways, "otel-collector": gateways, "localhost": [self.ports["prometheus"]],
@@ -145,11 +143,11 @@ class Run:
         prom_cfg = self.logs / "prometheus.yml"
         prom_cfg.write_text(yaml.safe_dump(prometheus_config(targets, SCRAPE_S)))
         argv = prometheus_argv(prom_cfg, self.logs / "tsdb", self.ports["prometheus"])
-        wait_http(f"{self.prometheus}/-/ready", spawn(self.es, self.logs, "prometheus", argv), self.logs, "prometheus")
+        wait_ready(f"{self.prometheus}/-/ready", spawn(self.es, self.logs, "prometheus", argv), self.logs, "prometheus")
 
     def _sim(self, sim: str, extra: list[str]) -> subprocess.Popen[bytes]:
         proc = spawn(self.es, self.logs, sim, sim_argv(KVGATE, self.ports, sim, extra))
-        wait_http(f"http://127.0.0.1:{self.ports[sim]}/health", proc, self.logs, sim)
+        wait_ready(f"http://127.0.0.1:{self.ports[sim]}/health", proc, self.logs, sim)
         return proc
 
     def event(self, what: str) -> None:

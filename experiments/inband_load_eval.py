@@ -221,7 +221,7 @@ async def main(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options (defaults: the run in docs/routing.md)."""
+    """Command-line options (defaults: the run in docs/measurements/routing.md)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gateways", type=int, default=2)
     p.add_argument("--wave-on", type=int, default=6, help="requests per gateway per wave, first half of a period")

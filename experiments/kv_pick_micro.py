@@ -33,6 +33,7 @@ import gc
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -50,18 +51,13 @@ from app.routing.kv_events import KvEvents
 from app.routing.prefix_affinity import PrefixAffinity
 from app.routing.state import ReplicaState
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kvlab, when run as a script
+
+from kvlab.net import free_port
+
 MODEL = Path.home() / ".cache/kvgate/models/smollm2-135m"
 SALT = "tenant-salt-0123456789abcdef"
 GOAL_US = 150.0  # issue 12: a 2k-token prompt at steady state
-
-
-def free_port() -> int:
-    """A free loopback port."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def agent_bodies(n: int, min_tokens: int, rb: RequestBlocks) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -108,13 +108,14 @@ def kvgate_config(arm: str, sims: list[Sim], args: argparse.Namespace) -> dict[s
                 "shared_cache": args.cache == "shared"} for i, k in enumerate(keys)]
     pool: dict[str, Any] = {"role": "interactive", "ttft_slo_ms": TTFT_SLO_MS / ts, "max_num_seqs": args.max_num_seqs}
     if arm == "kv_events":
-        policy: dict[str, Any] = {"type": "kv_events", "block_size": 16}
+        policy: dict[str, Any] = {"type": "kv_events", "block_size": 16, "load_bound": args.load_bound}
         if args.load_tokens is not None:
             policy["load_tokens"] = args.load_tokens
         pool.update(replicas=[s.replica() for s in sims], tokenizer=TOKENIZER, policy=policy)
     else:
-        pool.update(replicas=[s.url for s in sims], policy=arm)
-    routing = {"probe_interval_s": PROBE_INTERVAL_S / ts, "load_bound": args.load_bound}
+        bounded = {"type": arm, "load_bound": args.load_bound} if arm == "prefix_affinity" else arm
+        pool.update(replicas=[s.url for s in sims], policy=bounded)
+    routing = {"probe_interval_s": PROBE_INTERVAL_S / ts}
     return gateway_config({"main": pool}, tenants=tenants, routing=routing)
 
 

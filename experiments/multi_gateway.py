@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from app.routing.prefix_affinity import PrefixAffinity  # noqa: E402
 from experiments.procs import free_port, wait_http  # noqa: E402
+from kvlab.configs import gateway_config as lab_config  # noqa: E402
+from kvlab.procs import start_logged  # noqa: E402
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 SPENDER, LIMITED, ADMIN = "sk-mg-spender", "sk-mg-limited", "sk-mg-admin"
@@ -108,13 +110,10 @@ class Stack:
     redis_url: str
     prefix: str
     workdir: Path
-    logs: list[Any] = field(default_factory=list)
 
 
 def _spawn(stack: Stack, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-    log = (stack.workdir / f"{name}.log").open("wb")
-    stack.logs.append(log)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = start_logged(argv, stack.workdir / f"{name}.log")
     stack.procs[name] = proc
     return proc
 
@@ -126,24 +125,22 @@ def _gateway_config(sims: list[str], redis_url: str, prefix: str, args: argparse
         "min_bound": args.min_bound,
         "spill": args.spill,
     }
-    return {
-        "listen": {"host": "127.0.0.1", "drain_s": 5, "drain_notice_s": 0.2},
-        "store": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": args.store_timeout},
-        "models": [{"name": "m", "pools": ["main"]}],
-        "pools": {"main": {"role": "interactive", "served_model": "served", "replicas": sims,
-                           "policy": policy,
-                           "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4}}},
-        "tenants": [
+    return lab_config(
+        {"main": {"role": "interactive", "replicas": sims, "policy": policy}},
+        served_model="served", price={"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4},
+        tenants=[
             {"id": "spender", "api_keys": [SPENDER], "limits": {"rpm": 1_000_000}},
             *({"id": f"limited{k}", "api_keys": [f"{LIMITED}-{k}"], "limits": {"rpm": RPM}} for k in range(BURSTS)),
             {"id": "bencher", "api_keys": [BENCHER], "limits": {"rpm": 1_000_000}},
             {"id": "bench-limited", "api_keys": [BENCH_LIMITED], "limits": {"rpm": RPM}},
         ],
-        "auth": {"required": True, "admin_keys": [ADMIN]},
-        "routing": {"probe_interval_s": 0.5,
-                    "peer_load": {"enabled": args.peer_load_s > 0, "interval_s": args.peer_load_s or 0.1,
-                                  "route_header": True}},
-    }  # fmt: skip
+        listen={"host": "127.0.0.1", "drain_s": 5, "drain_notice_s": 0.2},
+        store={"url": redis_url, "key_prefix": prefix, "socket_timeout_s": args.store_timeout},
+        auth={"required": True, "admin_keys": [ADMIN]},
+        routing={"probe_interval_s": 0.5,
+                 "peer_load": {"enabled": args.peer_load_s > 0, "interval_s": args.peer_load_s or 0.1,
+                               "route_header": True}},
+    )
 
 
 def start(workdir: Path, args: argparse.Namespace) -> Stack:
@@ -186,8 +183,6 @@ def stop(stack: Stack) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
-    for log in stack.logs:
-        log.close()
 
 
 # --- traffic ------------------------------------------------------------------------------------------
@@ -739,7 +734,7 @@ def main() -> None:
     p.add_argument("--redis-url", help="an existing Redis (keys under a fresh prefix); default: a throwaway one")
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--store-timeout", type=float, default=0.25, help="store.socket_timeout_s (the default: 0.25)")
-    p.add_argument("--load-bound", type=float, default=1.25, help="prefix_affinity's c (routing.load_bound's default)")
+    p.add_argument("--load-bound", type=float, default=1.25, help="prefix_affinity's c (its load_bound's default)")
     p.add_argument(
         "--min-bound", type=int, default=0, help="prefix_affinity's min_bound (requests a home always takes)"
     )

@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import contextlib
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +63,7 @@ from app.bench.client import BenchClient  # noqa: E402
 from app.bench.report import BenchResult, rescaled, summarize  # noqa: E402
 from app.bench.spec import BenchSpec, Pricing, RequestRecord  # noqa: E402
 from app.bench.workloads import Session, Workload, WorkloadOptions  # noqa: E402
+from kvlab.net import free_port  # noqa: E402
 
 GPU_HOUR_USD = 2.50  # per replica, the gateway config's example price
 VLLM_REPLICAS = ("http://127.0.0.1:8001", "http://127.0.0.1:8002")
@@ -140,11 +140,6 @@ class ArmResult:
 # -- processes -------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, what: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
@@ -176,7 +171,7 @@ def sim_processes(n: int, model: str, time_scale: float) -> Iterator[list[str]]:
     urls: list[str] = []
     try:
         for _ in range(n):
-            port = _free_port()
+            port = free_port()
             cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(port), "--profile", "h100-8b",
                    "--model", model, "--time-scale", str(time_scale)]
             procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
@@ -209,7 +204,7 @@ def gateway_config(target: Target, replicas: list[str]) -> dict[str, Any]:
 @contextlib.contextmanager
 def gateway_process(cfg: dict[str, Any]) -> Iterator[str]:
     """`kvgate serve` on a free port with `cfg`; yields its base URL once every replica is healthy."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gateway.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))

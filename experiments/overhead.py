@@ -22,6 +22,8 @@ import orjson
 import yaml
 from procs import Proc, free_port
 
+from kvlab.configs import gateway_config as lab_config
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -44,14 +46,9 @@ def rss_mb(pid: int) -> float:
 
 def gateway_config(upstream: str, variant: str) -> dict[str, object]:
     """kvgate config for a variant: `kvgate` (anonymous, in-memory) or `kvgate-full` (auth, limits, Redis)."""
-    cfg: dict[str, object] = {
-        "models": [{"name": "m", "pools": ["main"]}],
-        "pools": {"main": {"role": "interactive", "served_model": "m", "replicas": [upstream],
-                           "price": {"input_per_m": 1, "cached_input_per_m": 0.1, "output_per_m": 2}}},
-        # The load sends a key; with optional auth only an anonymous key is billed to `anonymous`.
-        "auth": {"required": False, "anonymous_keys": ["sk-bench"]},
-        "tenants": [],
-    }
+    cfg = lab_config({"main": {"role": "interactive", "replicas": [upstream]}})
+    # The load sends a key; with optional auth only an anonymous key is billed to `anonymous`.
+    cfg["auth"] = {"required": False, "anonymous_keys": ["sk-bench"]}
     if variant == "kvgate-full":
         cfg["auth"] = {"required": True}
         cfg["store"] = {"url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), "key_prefix": "kvbench:"}

@@ -50,7 +50,7 @@ def cluster() -> ClusterState:
     raw = {"models": [{"name": "m", "pools": ["p"]}],
            "pools": {"p": {"role": "interactive", "served_model": "m", "replicas": REPLICAS,
                            "price": {"gpu_hour_usd": 1, "capacity_tokens_per_s": 10}}}}  # fmt: skip
-    return ClusterState.from_config(parse_config(raw, env={}))
+    return ClusterState.from_config(parse_config(raw))
 
 
 def spread(s: float, n: int) -> list[float]:

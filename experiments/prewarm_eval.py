@@ -56,6 +56,8 @@ from app.bench.apis import API_NAMES, PATHS, to_body, whole_text  # noqa: E402
 from app.bench.spec import RequestRecord  # noqa: E402
 from app.bench.workloads import Session, Workload, WorkloadOptions  # noqa: E402
 from experiments.procs import free_port, metric_sum, scrape, wait_http  # noqa: E402
+from kvlab.configs import gateway_config as lab_config  # noqa: E402
+from kvlab.procs import start_logged  # noqa: E402
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 SIM = [sys.executable, str(ROOT / "experiments" / "multi_gateway.py"), "--_sim"]
@@ -96,18 +98,14 @@ class ArmResult:
 
 def gateway_config(sims: list[str], tenants: int, prewarm: bool) -> dict[str, Any]:
     """One model over one prefix-affinity pool of every sim; `tenants` tenants with normalize on."""
-    return {
-        "listen": {"host": "127.0.0.1"},
-        "models": [{"name": "m", "pools": ["main"]}],
-        "pools": {"main": {"role": "interactive", "served_model": "served", "replicas": sims,
-                           "policy": "prefix_affinity",
-                           "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4}}},
-        "tenants": [{"id": f"t{k}", "api_keys": [f"sk-pw-{k}"], "default_class": "interactive", "normalize": "on"}
-                    for k in range(tenants)],
-        "auth": {"required": True},
-        "routing": {"probe_interval_s": 0.25, "healthy_after": 2, "unhealthy_after": 1,
-                    "prewarm": {"enabled": prewarm}},
-    }  # fmt: skip
+    return lab_config(
+        {"main": {"role": "interactive", "replicas": sims, "policy": "prefix_affinity"}},
+        served_model="served", price={"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4},
+        tenants=[{"id": f"t{k}", "api_keys": [f"sk-pw-{k}"], "default_class": "interactive", "normalize": "on"}
+                 for k in range(tenants)],
+        listen={"host": "127.0.0.1"},
+        routing={"probe_interval_s": 0.25, "healthy_after": 2, "unhealthy_after": 1, "prewarm": {"enabled": prewarm}},
+    )
 
 
 def api_path(api: str) -> str:
@@ -165,8 +163,7 @@ class Load:
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    out = log.open("wb")
-    return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    return start_logged(argv, log)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:

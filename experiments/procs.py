@@ -7,12 +7,8 @@ experiments/routing_faults.py. Every process is started by us, on loopback, and 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,74 +18,18 @@ import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-KVGATE = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+sys.path.insert(0, str(ROOT))  # kvlab, when run as a script
+
+from kvlab.configs import gateway_config as lab_gateway_config  # noqa: E402
+
+# Re-exported: the experiments import these from here, beside the helpers below.
+from kvlab.net import free_port as free_port  # noqa: E402
+from kvlab.net import wait_http as wait_http  # noqa: E402
+from kvlab.procs import KVGATE as KVGATE  # noqa: E402
+from kvlab.procs import Proc as Proc  # noqa: E402
+
 MODEL = "smollm2-135m"
-
-
-def free_port() -> int:
-    """A free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(
-    url: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None, *, any_status: bool = False
-) -> None:
-    """Poll `url` until it answers 200 (any status with `any_status`); raise after `timeout_s` or if `proc` died."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            status = httpx.get(url, timeout=1.0).status_code
-            if status == 200 or any_status:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s")
-
-
-@dataclass
-class Proc:
-    """A child process we started, with its base URL and the argv to start it again."""
-
-    name: str
-    url: str
-    argv: list[str]
-    popen: subprocess.Popen[bytes] | None = None
-    log: Path | None = None
-    env: dict[str, str] | None = None
-
-    @property
-    def pid(self) -> int:
-        """The child's pid (taskset execs the command, so it is the command's pid too)."""
-        assert self.popen is not None
-        return self.popen.pid
-
-    def start(self, ready_path: str = "/health", timeout_s: float = 30.0, *, any_status: bool = False) -> Proc:
-        """Start (or restart) the process and wait until `ready_path` answers 200 (or anything, `any_status`)."""
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - lives with the child
-        self.popen = subprocess.Popen(self.argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=self.env)
-        wait_http(self.url + ready_path, timeout_s, self.popen, any_status=any_status)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: the crash case (no graceful drain)."""
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-            self.popen.wait(10)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it lingers."""
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            self.kill()
+LAB_PRICE = {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 5000}
 
 
 def sim_proc(name: str, args: Sequence[str], *, time_scale: float, port: int | None = None,
@@ -104,21 +44,10 @@ def sim_proc(name: str, args: Sequence[str], *, time_scale: float, port: int | N
 
 def gateway_config(pools: dict[str, dict[str, Any]], *, tenants: Iterable[dict[str, Any]] = (),
                    routing: dict[str, Any] | None = None, upstream: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A gateway config: one public model MODEL over `pools` (name -> role/replicas/policy/...)."""
-    full_pools = {}
-    for name, p in pools.items():
-        full = {"served_model": MODEL, "price": {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 5000}}
-        full.update(p)
-        full_pools[name] = full
-    tenant_list = list(tenants)
-    return {
-        "models": [{"name": MODEL, "pools": list(pools)}],
-        "pools": full_pools,
-        "tenants": tenant_list,
-        "auth": {"required": bool(tenant_list)},
-        "routing": routing or {},
-        "upstream": upstream or {},
-    }
+    """A gateway config: one public model MODEL over `pools` (name -> role/replicas/policy/...), priced as an
+    H100 hour over a measured capacity."""
+    return lab_gateway_config(pools, model=MODEL, tenants=tenants, price=LAB_PRICE, routing=routing or {},
+                              upstream=upstream or {})
 
 
 def gateway_proc(name: str, cfg: dict[str, Any], *, port: int | None = None, log_dir: Path | None = None) -> Proc:

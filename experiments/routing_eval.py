@@ -263,10 +263,11 @@ async def affinity(args: argparse.Namespace) -> None:
     keys = [f"sk-bench-tenant-{i}" for i in range(args.tenants)]
     tenants = [{"id": f"t{i}", "api_keys": [k], "normalize": "on", "default_class": "interactive"}
                for i, k in enumerate(keys)]
-    routing = {"probe_interval_s": PROBE_INTERVAL_S / ts, "load_bound": args.load_bound}
+    routing = {"probe_interval_s": PROBE_INTERVAL_S / ts}
     slo = TTFT_SLO_MS / ts
 
-    def cfg(policy: str) -> dict[str, Any]:
+    def cfg(name: str) -> dict[str, Any]:
+        policy = {"type": name, "load_bound": args.load_bound} if name == "prefix_affinity" else name
         return gateway_config({"main": {"role": "interactive", "replicas": [s.url for s in sims], "policy": policy,
                                         "ttft_slo_ms": slo}}, tenants=tenants, routing=routing)
 

@@ -88,7 +88,7 @@ def config(n_fast: int, n_bulk: int) -> GatewayConfig:
                      "policy": "prefix_affinity", "priority_scheduling": True},
         },
     }
-    return parse_config(raw, env={})
+    return parse_config(raw)
 
 
 def share_snapshot(cluster: ClusterState, stamped: bool) -> None:

@@ -38,7 +38,6 @@ import contextlib
 import json
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +55,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_trace_eval import CLAUDE_IDENTITY, CLAUDE_INSTRUCTIONS, TASKS  # noqa: E402
-from normalize_eval import _free_port, _stop, gateway_process, sim_processes  # noqa: E402
+from normalize_eval import gateway_process, sim_processes  # noqa: E402
+
+from kvlab.configs import gateway_config as lab_config  # noqa: E402
+from kvlab.redis_server import RedisServer  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 SECRET = "shared-learning-eval"
@@ -138,44 +140,27 @@ def throwaway_redis() -> Iterator[str]:
     """A `redis-server` on a free loopback port, no persistence; yields its URL."""
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server not installed: pass --redis-url")
-    port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", tmp],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.RedisError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        client.close()
+        server = RedisServer(Path(tmp))
+        server.start()
         try:
-            yield url
+            yield server.url
         finally:
-            _stop(proc)  # type: ignore[arg-type]
+            server.stop()
 
 
 def gateway_config(replicas: list[str], redis_url: str, prefix: str, tenant_ids: list[str], *, share: bool) -> dict:
     """One model, one prefix-affinity pool over the sims, the arm's tenants (normalize on), the shared Redis."""
-    return {
-        "listen": {"host": "127.0.0.1", "port": 0, "drain_s": 2, "drain_notice_s": 0},
-        "store": {"url": redis_url, "key_prefix": prefix},
-        "models": [{"name": MODEL, "pools": ["main"]}],
-        "pools": {"main": {"role": "interactive", "served_model": MODEL, "replicas": replicas,
-                           "policy": "prefix_affinity",
-                           "price": {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 6000.0}}},
-        "tenants": [{"id": t, "api_keys": [f"sk-{t}"], "default_class": "interactive", "normalize": "on"}
-                    for t in tenant_ids],
-        "auth": {"required": True},
-        "normalize": {"salt_secret": SECRET, "share_learning": share, "shared_refresh_s": 0.5},
-        "upstream": {"read_timeout_s": 60},
-    }  # fmt: skip
+    return lab_config(
+        {"main": {"role": "interactive", "replicas": replicas, "policy": "prefix_affinity"}},
+        model=MODEL, price={"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 6000.0},
+        tenants=[{"id": t, "api_keys": [f"sk-{t}"], "default_class": "interactive", "normalize": "on"}
+                 for t in tenant_ids],
+        listen={"host": "127.0.0.1", "port": 0, "drain_s": 2, "drain_notice_s": 0},
+        store={"url": redis_url, "key_prefix": prefix},
+        normalize={"salt_secret": SECRET, "share_learning": share, "shared_refresh_s": 0.5},
+        upstream={"read_timeout_s": 60},
+    )
 
 
 # -- the driver ------------------------------------------------------------------------------------

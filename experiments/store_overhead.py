@@ -24,13 +24,13 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -42,6 +42,10 @@ from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
 from app.surfaces import CHAT
 from app.tenancy import TenantRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kvlab, when run as a script
+
+from kvlab.redis_server import RedisServer
 
 KEY = "sk-bench"
 CFG = parse_config(
@@ -63,7 +67,6 @@ CFG = parse_config(
             }
         ],
     },
-    env={},
 )
 BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "system", "content": "s" * 800},
                                                      {"role": "user", "content": "q" * 200}]}
@@ -182,11 +185,6 @@ async def main(url: str, n: int, concurrency: int, rounds: int) -> None:
     await stats.aclose()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,17 +195,14 @@ if __name__ == "__main__":
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                     help="event loop (kvgate serve runs uvloop)")
     args = ap.parse_args()
-    proc = None
+    server = None
     url = args.redis_url
     if url is None:
         if shutil.which("redis-server") is None:
             raise SystemExit("no --redis-url and no redis-server on PATH")
-        port = free_port()
-        tmp = tempfile.mkdtemp()
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
-        time.sleep(0.3)
-        url = f"redis://127.0.0.1:{port}/0"
+        server = RedisServer(Path(tempfile.mkdtemp()))
+        server.start()
+        url = server.url
     try:
         if args.loop == "uvloop":
             import uvloop
@@ -216,6 +211,5 @@ if __name__ == "__main__":
         else:
             asyncio.run(main(url, args.n, args.concurrency, args.rounds))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait()
+        if server is not None:
+            server.stop()

@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -31,22 +30,10 @@ from overhead import PY, ROOT, gateway_config
 from peers import Run, run_wrk, start_server, tree_cpu_seconds
 from procs import Proc, free_port
 
+from kvlab.redis_server import RedisServer
+
 ALL_CORES = "0,1"
 ARMS = (("1 worker", 1), ("--workers 2", 2))
-
-
-def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A throwaway redis-server (no persistence) and its URL."""
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 10
-    while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
-        if time.monotonic() > deadline:
-            raise RuntimeError("redis-server did not start")
-        time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
 
 
 def start_gateway(upstream: str, redis_url: str, workers: int, tmp: Path) -> Proc:
@@ -91,7 +78,9 @@ def main() -> int:
     modes = args.modes.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
     procs: list[Proc] = []
-    redis_proc, redis_url = start_redis(tmp)
+    redis_server = RedisServer(tmp)  # no persistence
+    redis_server.start()
+    redis_url = redis_server.url
     samples: dict[tuple[str, str], list[dict[str, float]]] = {}
     try:
         up_port = free_port()
@@ -120,8 +109,7 @@ def main() -> int:
     finally:
         for p in reversed(procs):
             p.stop()
-        redis_proc.terminate()
-        redis_proc.wait(timeout=10)
+        redis_server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
     one_w, two_w = ARMS[0][0], ARMS[1][0]

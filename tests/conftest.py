@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, settings
 
 from app.api.app import create_app
 from app.config import GatewayConfig, parse_config
+from kvlab.configs import gateway_config as lab_config
+from tests.config_env import kvgate_environment
 from tests.servers import FakeUpstream, serve_in_thread
 
 pytest_plugins = ["tests.store.redis_fixtures"]
@@ -22,25 +24,23 @@ settings.register_profile("kvgate", deadline=None, suppress_health_check=[Health
 settings.load_profile("kvgate")
 
 
+@pytest.fixture(autouse=True)
+def _no_config_variables_from_the_shell() -> Iterator[None]:
+    """Each test's config is its own: KVGATE_* config variables of the shell running pytest are hidden."""
+    with kvgate_environment({}):
+        yield
+
+
 def gateway_config(replicas: list[str], **overrides: Any) -> GatewayConfig:
     """A one-model, one-pool config in front of `replicas`, anonymous access; overrides merge at top level."""
-    raw: dict[str, Any] = {
-        "models": [{"name": PUBLIC_MODEL, "pools": ["main"]}],
-        "pools": {
-            "main": {
-                "role": "interactive",
-                "served_model": "served-model",
-                "replicas": replicas,
-                "policy": "round_robin",
-                "price": {"input_per_m": 1.0, "cached_input_per_m": 0.1, "output_per_m": 2.0},
-            }
-        },
-        "auth": {"required": False},
-        "upstream": {"connect_timeout_s": 1, "read_timeout_s": 2, "max_body_bytes": 65536, "retries": 2},
-        "routing": {"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 1},
-    }
+    raw = lab_config(
+        {"main": {"role": "interactive", "replicas": replicas, "policy": "round_robin"}},
+        model=PUBLIC_MODEL, served_model="served-model",
+        upstream={"connect_timeout_s": 1, "read_timeout_s": 2, "max_body_bytes": 65536, "retries": 2},
+        routing={"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 1},
+    )
     raw.update(overrides)
-    return parse_config(raw, env={})
+    return parse_config(raw)
 
 
 @contextmanager

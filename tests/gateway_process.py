@@ -1,9 +1,5 @@
-"""`kvgate serve` as a child process for end-to-end tests: its output goes to a file, never to a pipe.
-
-A pipe nobody reads fills at 64 KiB and then blocks the gateway's next write to it (a log line, the ready
-line) for good, event loop included: the process then ignores SIGTERM's drain and looks hung. A file cannot
-fill, and a test that fails can show what the gateway said.
-"""
+"""`kvgate serve` as a child process for end-to-end tests: its output goes to a file, never to a pipe (why:
+kvlab/procs.py), and a hung one shows its stacks."""
 
 from __future__ import annotations
 
@@ -14,14 +10,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.deploy.stack import wait_http
+from kvlab.net import log_tail
+from kvlab.procs import start_logged, wait_ready
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 
 
 @dataclass
 class GatewayProcess:
-    """One `kvgate serve` child, its stdout and stderr in `log` (a `<name>.log`, as tests/deploy/stack.py keeps)."""
+    """One `kvgate serve` child, its stdout and stderr in `log` (a `<name>.log`, as kvlab.procs.spawn keeps)."""
 
     proc: subprocess.Popen[bytes]
     log: Path
@@ -29,12 +26,8 @@ class GatewayProcess:
     @classmethod
     def start(cls, args: list[str], log: Path) -> GatewayProcess:
         """Run `kvgate <args>` with its output in `log`."""
-        with open(log, "ab") as out:
-            # faulthandler: a SIGABRT (see `wait`) writes every thread's Python stack to stderr first.
-            env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-            proc = subprocess.Popen([KVGATE, *args], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env)  # fmt: skip
-        return cls(proc, log)
+        # faulthandler: a SIGABRT (see `wait`) writes every thread's Python stack to stderr first.
+        return cls(start_logged([KVGATE, *args], log, {**os.environ, "PYTHONFAULTHANDLER": "1"}), log)
 
     @property
     def pid(self) -> int:
@@ -43,11 +36,11 @@ class GatewayProcess:
 
     def output(self, limit: int = 4000) -> str:
         """The last `limit` characters the gateway wrote."""
-        return self.log.read_text(errors="replace")[-limit:] if self.log.exists() else ""
+        return log_tail(self.log, limit)
 
     def wait_ready(self, url: str, timeout: float = 60) -> None:
         """Return once `url`/ready answers 200; raise with the gateway's output if it exits or times out."""
-        wait_http(f"{url}/ready", self.proc, self.log.parent, self.log.stem, timeout)
+        wait_ready(f"{url}/ready", self.proc, self.log.parent, self.log.stem, timeout)
 
     def wait(self, timeout: float) -> int:
         """The exit code once the process ends; past `timeout` it is killed and the failure shows its output."""

@@ -16,7 +16,7 @@ import pytest
 
 from app import cli
 from app.config import load_config
-from tests.deploy.stack import stop
+from kvlab.procs import stop
 from tests.servers import free_port
 
 
@@ -25,7 +25,7 @@ def _replica(probed: bool, healthy: bool) -> SimpleNamespace:
 
 
 def test_ready_line_counts_healthy_replicas_per_pool_after_the_first_probe() -> None:
-    cfg = load_config(env={})
+    cfg = load_config()
     line = cli.ready_line(
         "http://127.0.0.1:8080", cfg, [("fast", _replica(True, True)), ("bulk", _replica(True, False))]
     )
@@ -35,13 +35,13 @@ def test_ready_line_counts_healthy_replicas_per_pool_after_the_first_probe() -> 
 
 
 def test_ready_line_says_which_replicas_were_not_probed_yet() -> None:
-    cfg = load_config(env={})
+    cfg = load_config()
     line = cli.ready_line("http://h:1", cfg, [("fast", _replica(False, True)), ("bulk", _replica(True, True))])
     assert "fast (0/1 replica healthy, 1 not probed yet)" in line and "bulk (1/1 replica healthy)" in line
 
 
 def test_ready_line_falls_back_to_configured_counts_without_gateway_state() -> None:
-    cfg = load_config(env={})
+    cfg = load_config()
     assert (
         cli.ready_line("http://h:1", cfg, []) == "kvgate ready on http://h:1 - pools fast (1 replica), bulk (1 replica)"
     )

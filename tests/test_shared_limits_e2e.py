@@ -23,6 +23,7 @@ import redis
 import yaml
 
 from app.sim.testing import running_sim
+from kvlab.configs import gateway_config
 from tests.gateway_process import GatewayProcess
 from tests.servers import free_port
 from tests.store.redis_fixtures import RedisServer
@@ -33,27 +34,21 @@ LIMITED_KEY, SPENDER_KEY, ADMIN_KEY = "sk-e2e-limited", "sk-e2e-spender", "sk-e2
 RPM = 12
 
 
-def gateway_config(sim: str, redis: str, prefix: str, fail_mode: str) -> dict[str, object]:
+def shared_config(sim: str, redis: str, prefix: str, fail_mode: str) -> dict[str, object]:
     """One model on one sim pool; a rate-limited tenant and a spending tenant (limits set, never hit)."""
-    return {
-        "store": {"url": redis, "key_prefix": prefix, "fail_mode": fail_mode},
-        "models": [{"name": "m", "pools": ["main"]}],
-        "pools": {
-            "main": {
-                "role": "interactive",
-                "served_model": "served",
-                "replicas": [sim],
-                "price": {"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4},
-            }
-        },
-        "tenants": [
+    return gateway_config(
+        {"main": {"role": "interactive", "replicas": [sim]}},
+        served_model="served",
+        price={"input_per_m": 0.8, "cached_input_per_m": 0.08, "output_per_m": 2.4},
+        tenants=[
             {"id": "limited", "api_keys": [LIMITED_KEY], "limits": {"rpm": RPM}},
             {"id": "spender", "api_keys": [SPENDER_KEY], "limits": {"rpm": 1_000_000}},
         ],
-        "auth": {"required": True, "admin_keys": [ADMIN_KEY]},
+        store={"url": redis, "key_prefix": prefix, "fail_mode": fail_mode},
+        auth={"required": True, "admin_keys": [ADMIN_KEY]},
         # A drain shorter than the teardown's wait: a process still running after it is a hang, not a drain.
-        "listen": {"drain_s": 5.0},
-    }
+        listen={"drain_s": 5.0},
+    )
 
 
 @contextmanager
@@ -83,7 +78,7 @@ def gateways(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """Two gateway processes (separate Redis pools, separate caches) sharing one Redis and one sim."""
     prefix = f"kvgate-e2e:{uuid.uuid4().hex[:8]}:"
     with running_sim(model="served", time_scale=50.0, profile="h100-8b") as sim:
-        cfg = gateway_config(sim, redis_url, prefix, "open")
+        cfg = shared_config(sim, redis_url, prefix, "open")
         try:
             with serving([cfg, cfg], tmp_path_factory.mktemp("e2e")) as urls:
                 yield urls
@@ -168,7 +163,7 @@ async def test_redis_restart_fail_open_keeps_serving_and_loses_no_spend_fail_clo
 ) -> None:
     prefix = "kvgate:"
     with running_sim(model="served", time_scale=50.0, profile="h100-8b") as sim:
-        configs = [gateway_config(sim, own_redis.url, prefix, mode) for mode in ("open", "closed")]
+        configs = [shared_config(sim, own_redis.url, prefix, mode) for mode in ("open", "closed")]
         with serving(configs, tmp_path) as (open_url, closed_url):
             opened, closed = clients([open_url, closed_url], SPENDER_KEY)
             before, _ = await spend_requests(opened, 50)

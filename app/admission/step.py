@@ -1,7 +1,8 @@
 """The gateway's admission step: one fair queue per pool that enables it, what a request is charged, the 429.
 
-The pipeline asks `AdmissionStep.admit` after classify (the class's home pool decides which queue), stores the
-ticket on the RequestContext, and the settle stage hands it back through `settle_ticket` exactly once.
+The FairAdmission hook (app/admission/hook.py, at `before_pick`) acquires a ticket from the queue of the class's
+home pool (`build_queues` made them; `predicted_tokens` is the charge, `queue_error` the 429) and stores it on the
+RequestContext; the settle stage hands it back through `settle_ticket` exactly once.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from app.config.admission import RouteClass
+from app.config.types import ROUTE_CLASSES
 
 T = TypeVar("T")
-CLASSES: tuple[RouteClass, ...] = ("interactive", "bulk")
+CLASSES: tuple[RouteClass, ...] = ROUTE_CLASSES
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from app.surfaces.openai import rewrite_model
 from app.upstream import forward_headers, transport_error
 
 PREFIX = "/v1/responses/"
+STORED_PATHS = (f"{PREFIX}{{id}}", f"{PREFIX}{{id}}/cancel")  # GET, POST: what __call__ answers
 
 
 class StoredResponseEndpoint:

@@ -1,7 +1,8 @@
 """The gateway's configuration: YAML file + `KVGATE_*` environment overrides, validated up front.
 
-The schema (every key and its default) is in app/config/models.py; this module loads it and reports every
-problem with its key path (`pools.fast.replicas[0]: not a URL`).
+The schema (every key and its default) is in app/config/models.py, documented in docs/config.md (generated from
+it: `python -m app.config.docs`); this module loads it and reports every problem with its key path
+(`pools.fast.replicas[0]: not a URL`).
 """
 
 from __future__ import annotations
@@ -15,31 +16,26 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from pydantic.fields import FieldInfo
-from pydantic_settings import EnvSettingsSource
 
+from app.config.env import EnvValueError
 from app.config.models import (
     URL_RE,
-    AuthConfig,
     BackoffConfig,
     BreakerSettings,
     GatewayConfig,
-    LimitsConfig,
     Listen,
     ModelConfig,
     NormalizeConfig,
-    NormalizeMode,
     PoolConfig,
     PriceConfig,
-    ReferencePrice,
-    RouteClassName,
     RoutingConfig,
     SpillSettings,
     StoreConfig,
     TelemetryConfig,
-    TenantConfig,
     UpstreamConfig,
 )
+from app.config.tenants import AuthConfig, LimitsConfig, ReferencePrice, TenantConfig
+from app.config.types import NormalizeMode, RouteClassName
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "defaults" / "local.yaml"  # config/local.yaml links here
 
@@ -78,7 +74,16 @@ def _loc_to_path(loc: Iterable[int | str]) -> str:
 
 
 def _problems_from_validation(err: ValidationError) -> list[Problem]:
-    return [Problem(_loc_to_path(e["loc"]), e["msg"].removeprefix("Value error, ")) for e in err.errors()]
+    return [_problem(e) for e in err.errors()]
+
+
+def _problem(error: Any) -> Problem:
+    # A variable pydantic-settings could not decode arrives as a value error of the whole config, the
+    # source's SettingsError in its context, and our EnvValueError (naming the variable) as that one's cause.
+    cause = getattr(error.get("ctx", {}).get("error"), "__cause__", None)
+    if isinstance(cause, EnvValueError):
+        return Problem(cause.variable, cause.message)
+    return Problem(_loc_to_path(error["loc"]), error["msg"].removeprefix("Value error, "))
 
 
 def _semantic_problems(cfg: GatewayConfig) -> list[Problem]:
@@ -114,50 +119,11 @@ def _semantic_problems(cfg: GatewayConfig) -> list[Problem]:
     return problems
 
 
-class _Env(EnvSettingsSource):
-    """pydantic-settings' `KVGATE_` / `__` reading over a given mapping; values parse as YAML (a superset of
-    JSON: compose files write `[{name: m, pools: [fast]}]`), an empty value as null."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._given = env
-        super().__init__(GatewayConfig)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        given = self._given.items()
-        return {k.lower(): (v if v != "" else "null") for k, v in given if k.upper().startswith("KVGATE_")}
-
-    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
-        """Complex values (lists, objects) as YAML flow collections."""
-        return yaml.safe_load(value) if isinstance(value, str) else value
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(merged.get(k), dict):
-            merged[k] = _deep_merge(merged[k], v)
-        else:
-            merged[k] = v
-    return merged
-
-
-def _scalars(node: Any) -> Any:
-    # Leaf strings that are YAML scalars (`on`, `3`, `null`) are read the way the YAML file reads them.
-    if isinstance(node, dict):
-        return {k: _scalars(v) for k, v in node.items()}
-    if isinstance(node, str):
-        try:
-            return yaml.safe_load(node)
-        except yaml.YAMLError:
-            return node
-    return node
-
-
-def parse_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Validate a raw config mapping (plus `KVGATE_*` overrides) or raise ConfigError with every problem."""
-    data = _deep_merge(dict(raw), _scalars(_Env(os.environ if env is None else env)()))
+def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
+    """Validate a raw config mapping, with the process's `KVGATE_*` variables over it, or raise ConfigError
+    with every problem."""
     try:
-        cfg = GatewayConfig.model_validate(data)
+        cfg = GatewayConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_problems_from_validation(err)) from None
     problems = _semantic_problems(cfg)
@@ -166,10 +132,10 @@ def parse_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -
     return cfg
 
 
-def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Load a YAML config file (default: the embedded `config/local.yaml`) and validate it."""
-    environ = os.environ if env is None else env
-    chosen = Path(path or environ.get("KVGATE_CONFIG") or EMBEDDED_CONFIG)
+def load_config(path: str | Path | None = None) -> GatewayConfig:
+    """Load a YAML config file (default: `KVGATE_CONFIG`, else the embedded `config/local.yaml`) and validate it,
+    `KVGATE_*` variables over it."""
+    chosen = Path(path or os.environ.get("KVGATE_CONFIG") or EMBEDDED_CONFIG)
     try:
         text = chosen.read_text()
     except OSError as err:
@@ -180,4 +146,4 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         raise ConfigError([Problem("", f"{chosen}: invalid YAML: {err}")]) from None
     if not isinstance(raw, dict):
         raise ConfigError([Problem("", f"{chosen}: top level must be a mapping")])
-    return parse_config(raw, environ)
+    return parse_config(raw)

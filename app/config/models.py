@@ -1,6 +1,6 @@
 """The configuration's schema: every key an operator can set, with its default (pydantic models).
 
-Loading (YAML file, environment overrides, every problem with its key path) is in app/config.py.
+Loading (YAML file, environment overrides, every problem with its key path) is in app/config/loader.py.
 """
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.config.admission import AdmissionConfig
 from app.config.discovery import DiscoveryConfig
+from app.config.env import YamlEnvSource
 from app.config.load_report import LoadReportSettings
 from app.config.peer_load import PeerLoadSettings
 from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams, RoundRobinParams, policy_object
 from app.config.prewarm import PrewarmConfig
-
-RouteClassName = Literal["interactive", "bulk"]
-NormalizeMode = Literal["off", "observe", "on"]
+from app.config.tenants import AuthConfig, TenantConfig
+from app.config.types import RouteClassName, StrictModel
 
 # What vLLM's speculative-decoding path refuses ("not yet supported with speculative decoding").
 SPECULATIVE_UNSUPPORTED = ("min_p", "logit_bias")
@@ -36,49 +36,40 @@ def _check_url(url: str) -> str:
 ReplicaUrl = Annotated[str, AfterValidator(_check_url)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Listen(StrictModel):
+    """Where the gateway listens, and how it treats slow, idle and draining connections."""
+
+    host: str = Field("127.0.0.1", description="Address to bind; `0.0.0.0` for all interfaces.")
+    port: int = Field(8080, ge=0, le=65535, description="Port to bind (0: any free port).")
+    header_timeout_s: float = Field(10.0, gt=0, description=(
+        "A request's headers must arrive within this of its first byte (or of the connection); a stalled "
+        "socket is closed and counted (slow clients)."))
+    body_timeout_s: float = Field(30.0, gt=0, description="A request's body must arrive within this of its headers.")
+    max_connections_per_client: int = Field(256, ge=1, description=(
+        "Open connections one client address may hold at once; one more is answered 503 and closed."))
+    keepalive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
+    drain_s: float = Field(30.0, ge=0, description=(
+        "On SIGTERM, open requests get up to this long (from the signal) to finish."))
+    drain_notice_s: float = Field(1.0, ge=0, description=(
+        "On SIGTERM, /ready turns 503 and the listener stays open this much longer (load balancers see the "
+        "readiness change), then stops accepting."))
+    workers: int = Field(1, ge=1, le=64, description=(
+        "Processes serving this port (SO_REUSEPORT); more than one needs a shared store (`store.url`)."))
 
 
-def _yaml_bool_to_mode(value: Any) -> Any:
-    # YAML 1.1 reads a bare `on`/`off` as a boolean; the config documents them as words.
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    return value
+class StoreConfig(StrictModel):
+    """Where limits, spend, keys and shared learning live: Redis, or this process's memory."""
 
-
-class Listen(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
-    # Slow clients: a request's headers must arrive within header_timeout_s of its first byte (or of the
-    # connection), its body within body_timeout_s of the headers; a stalled socket is closed and counted.
-    header_timeout_s: float = Field(10.0, gt=0)
-    body_timeout_s: float = Field(30.0, gt=0)
-    # Open connections one client address may hold at once; one more is answered 503 and closed.
-    max_connections_per_client: int = Field(256, ge=1)
-    # An idle keep-alive connection is closed after this long.
-    keepalive_timeout_s: float = Field(5.0, gt=0)
-    # On SIGTERM: /ready turns 503 and the listener stays open drain_notice_s more (load balancers see the
-    # readiness change), then stops accepting; open requests get up to drain_s (from the signal) to finish.
-    drain_s: float = Field(30.0, ge=0)
-    drain_notice_s: float = Field(1.0, ge=0)
-    # Processes serving this port (SO_REUSEPORT); more than one needs a shared store (store.url).
-    workers: int = Field(1, ge=1, le=64)
-
-
-class StoreConfig(_Strict):
-    url: str | None = None
-    # What happens to requests while Redis is unreachable: "open" serves them (limits unenforced,
-    # spend kept in memory and flushed later); "closed" rejects them with 503.
-    fail_mode: Literal["open", "closed"] = "open"
-    key_prefix: str = "kvgate:"
-    # Every Redis call is bounded by this (a slow store must not hold requests up), then the store is
-    # treated as down for `cooldown_s` before the next try.
-    socket_timeout_s: float = Field(0.25, gt=0)
-    cooldown_s: float = Field(0.5, ge=0)
-    max_connections: int = Field(512, ge=1)
+    url: str | None = Field(None, description=(
+        "`redis://`, `rediss://` or `unix://` URL of the shared store; null: in memory (one process only)."))
+    fail_mode: Literal["open", "closed"] = Field("open", description=(
+        "While Redis is unreachable: `open` serves requests (limits unenforced, spend kept in memory and "
+        "flushed later); `closed` rejects them with 503."))
+    key_prefix: str = Field("kvgate:", description="Prefix of every key the gateway writes in the store.")
+    socket_timeout_s: float = Field(0.25, gt=0, description=(
+        "Bound on every Redis call (a slow store must not hold requests up); past it the store counts as down."))
+    cooldown_s: float = Field(0.5, ge=0, description="After a failed call, the store is treated as down this long.")
+    max_connections: int = Field(512, ge=1, description="Redis connection pool size of one process.")
 
     @field_validator("url")
     @classmethod
@@ -88,29 +79,35 @@ class StoreConfig(_Strict):
         return v
 
 
-class ModelConfig(_Strict):
-    name: str = Field(min_length=1)
-    pools: list[str] = Field(min_length=1)
-    # Where moved volatile lines go: a trailing system message (templates that allow one), or a
-    # delimited block appended to the last user turn.
-    tail_placement: Literal["system", "user"] = "system"
-    # The chat template inserts today's date itself (Llama 3): pin chat_template_kwargs.date_string.
-    template_inserts_date: bool = False
-    # Canonical tool order: sorted by name (stable across clients), or as the client sent them.
-    tool_order: Literal["name", "client"] = "name"
+class ModelConfig(StrictModel):
+    """A public model name clients ask for, and the pools that serve it."""
+
+    name: str = Field(min_length=1, description="The `model` clients send.")
+    pools: list[str] = Field(min_length=1, description=(
+        "Pools serving this model (names under `pools`); the request's latency class picks among their roles."))
+    tail_placement: Literal["system", "user"] = Field("system", description=(
+        "Where moved volatile lines go: a trailing system message (templates that allow one), or a delimited "
+        "block appended to the last user turn."))
+    template_inserts_date: bool = Field(False, description=(
+        "The chat template inserts today's date itself (Llama 3): pin `chat_template_kwargs.date_string`."))
+    tool_order: Literal["name", "client"] = Field("name", description=(
+        "Canonical tool order: sorted by name (stable across clients), or as the client sent them."))
 
 
-class PriceConfig(_Strict):
+class PriceConfig(StrictModel):
     """A pool's price: explicit $/M tokens, or derived from GPU $/h and measured capacity."""
 
-    gpu_hour_usd: float | None = Field(None, ge=0)
-    gpus: int = Field(1, ge=1)
-    capacity_tokens_per_s: float | None = Field(None, gt=0)
-    input_per_m: float | None = Field(None, ge=0)
-    cached_input_per_m: float | None = Field(None, ge=0)
-    output_per_m: float | None = Field(None, ge=0)
-    # Derived prices charge a cached input token this fraction of an uncached one (no prefill; hosted APIs ~0.1x).
-    cached_ratio: float = Field(0.1, ge=0, le=1)
+    gpu_hour_usd: float | None = Field(None, ge=0, description="Price of one GPU hour (derived prices).")
+    gpus: int = Field(1, ge=1, description="GPUs one replica uses (derived prices).")
+    capacity_tokens_per_s: float | None = Field(None, gt=0, description=(
+        "Measured tokens/s one replica serves (derived prices; `kvgate bench` reports it)."))
+    input_per_m: float | None = Field(None, ge=0, description="Explicit $ per million uncached input tokens.")
+    cached_input_per_m: float | None = Field(None, ge=0, description=(
+        "$ per million cached input tokens; null: `cached_ratio` x the input price."))
+    output_per_m: float | None = Field(None, ge=0, description="Explicit $ per million output tokens.")
+    cached_ratio: float = Field(0.1, ge=0, le=1, description=(
+        "Derived prices charge a cached input token this fraction of an uncached one (no prefill; hosted APIs "
+        "~0.1x)."))
 
     @model_validator(mode="after")
     def _complete(self) -> PriceConfig:
@@ -124,12 +121,14 @@ class PriceConfig(_Strict):
         return self
 
 
-class ReplicaEvents(_Strict):
+class ReplicaEvents(StrictModel):
     """Where a replica publishes vLLM's KV-cache events (`--kv-events-config`)."""
 
-    endpoint: str = Field(pattern=r"^(tcp|ipc)://\S+$")  # tcp://host:port: connect; tcp://*:port: bind a collector
-    replay: str | None = Field(None, pattern=r"^(tcp|ipc)://\S+$")
-    topic: str = "kv"
+    endpoint: str = Field(pattern=r"^(tcp|ipc)://\S+$", description=(
+        "ZMQ endpoint of the event stream: `tcp://host:port` connects; `tcp://*:port` binds a collector."))
+    replay: str | None = Field(None, pattern=r"^(tcp|ipc)://\S+$", description=(
+        "ZMQ endpoint of vLLM's replay socket (missed events are asked for again after a gap)."))
+    topic: str = Field("kv", description="ZMQ topic of the events.")
 
 
 def _split_replicas(data: Any) -> Any:
@@ -153,33 +152,41 @@ def _split_replicas(data: Any) -> Any:
     return {**data, "replicas": urls, "replica_events": events}
 
 
-class PoolConfig(_Strict):
-    role: RouteClassName
-    served_model: str = Field(min_length=1)
-    # Static replica URLs, or empty with `discovery` (the replicas are then found at run time).
-    replicas: list[ReplicaUrl] = Field(default_factory=list)
-    discovery: DiscoveryConfig | None = None
-    # Filled from replicas given as objects (see _split_replicas): URL → its KV-event endpoints.
-    replica_events: dict[str, ReplicaEvents] = Field(default_factory=dict)
-    # An HF-like folder (tokenizer.json, tokenizer_config.json with the chat template) for exact block hashes.
-    tokenizer: str | None = None
-    # vLLM's --max-num-seqs: requests beyond it queue in the engine, whatever the last scrape said.
-    max_num_seqs: int | None = Field(None, ge=1)
-    policy: PolicySpec | None = None
-    price: PriceConfig
-    # vLLM started with --scheduling-policy priority: the gateway then sends `priority` per class.
-    priority_scheduling: bool = False
-    ttft_slo_ms: float = Field(500, gt=0)
-    # vLLM started with a --speculative-config (draft or ngram): it refuses some sampling parameters.
-    speculative: bool = False
-    # Top-level request fields this pool cannot serve; a request that sets one goes to a pool of its
-    # model that can (app/routing/capability.py). Default: SPECULATIVE_UNSUPPORTED on a speculative pool.
+class PoolConfig(StrictModel):
+    """A set of vLLM replicas serving one model in one latency role, with its routing policy and price."""
+
+    role: RouteClassName = Field(description="The latency class this pool serves first.")
+    served_model: str = Field(min_length=1, description="The model name vLLM serves (`--served-model-name`).")
+    replicas: list[ReplicaUrl] = Field(default_factory=list, description=(
+        "Static replica URLs, each a URL or `{url, kv_events, kv_replay, kv_topic}` (its KV-event endpoints); "
+        "empty with `discovery` (the replicas are then found at run time)."))
+    discovery: DiscoveryConfig | None = Field(None, description=(
+        "Find the replicas at run time (DNS or EndpointSlices) instead of `replicas`."))
+    replica_events: dict[str, ReplicaEvents] = Field(default_factory=dict, description=(
+        "URL → its KV-event endpoints; filled from replicas given as objects."))
+    tokenizer: str | None = Field(None, description=(
+        "An HF-like folder (tokenizer.json, tokenizer_config.json with the chat template) for exact block hashes."))
+    max_num_seqs: int | None = Field(None, ge=1, description=(
+        "vLLM's `--max-num-seqs`: requests beyond it queue in the engine, whatever the last scrape said; null: "
+        "what the engine publishes."))
+    policy: PolicySpec | None = Field(None, description=(
+        "Routing policy: a name or `{type: <name>, ...parameters}` (below); null: `kv_events` where every replica "
+        "declares its events and a `tokenizer` is named, else `prefix_affinity` (round robin for one replica)."))
+    price: PriceConfig = Field(description="What the pool's tokens cost (per-tenant spend and the cost metric).")
+    priority_scheduling: bool = Field(False, description=(
+        "vLLM runs with `--scheduling-policy priority`: the gateway then sends `priority` per class."))
+    ttft_slo_ms: float = Field(500, gt=0, description=(
+        "Time-to-first-token objective: when even the best replica's projected TTFT is above it, the pool counts "
+        "as saturated (spill)."))
+    speculative: bool = Field(False, description=(
+        "vLLM runs with a `--speculative-config` (draft or ngram): it refuses some sampling parameters."))
     unsupported_params: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
-        default_factory=list
-    )
-    # The fair admission queue in front of this pool (app/admission): engages only while the pool is saturated.
-    admission: AdmissionConfig = AdmissionConfig()
-    load_report: LoadReportSettings = LoadReportSettings()  # vLLM's in-band load header (ORCA)
+        default_factory=list, description=(
+            "Top-level request fields this pool cannot serve; a request that sets one goes to a pool of its model "
+            "that can. Default: `min_p`, `logit_bias` on a speculative pool, else none."))
+    admission: AdmissionConfig = Field(AdmissionConfig(), description=(
+        "The fair admission queue in front of this pool: engages only while the pool is saturated."))
+    load_report: LoadReportSettings = Field(LoadReportSettings(), description="vLLM's in-band load header (ORCA).")
 
     _policy_object = field_validator("policy", mode="before")(classmethod(lambda cls, v: policy_object(v)))
 
@@ -217,139 +224,128 @@ class PoolConfig(_Strict):
         return PrefixAffinityParams() if len(self.replicas) > 1 or self.discovery else RoundRobinParams()
 
 
-class LimitsConfig(_Strict):
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    concurrent: int | None = Field(None, ge=1)
-    monthly_budget_usd: float | None = Field(None, ge=0)
-    tpm_cached_weight: float = Field(1.0, ge=0, le=1)  # what a cached prompt token counts in tpm (app/call_estimate.py)
-    # reject: 429; degrade: serve as bulk with a capped max_tokens instead, and say so in a header.
-    on_exceed: Literal["reject", "degrade"] = "reject"
-    degrade_max_tokens: int = Field(256, ge=1)
+class TelemetryConfig(StrictModel):
+    """OpenTelemetry export."""
+
+    otlp_endpoint: str | None = Field(None, description=(
+        "OTLP/HTTP collector URL for traces and metrics; null: no export (Prometheus text at /metrics only)."))
+    service_name: str = Field("kvgate", description="OTel `service.name`.")
+    metric_export_interval_s: float = Field(15, gt=0, description="Interval of the OTLP metric export.")
 
 
-class ReferencePrice(_Strict):
-    input_per_m: float = Field(3.00, ge=0)
-    cached_input_per_m: float = Field(0.30, ge=0)
-    output_per_m: float = Field(15.00, ge=0)
-
-
-class TenantConfig(_Strict):
-    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    # Plaintext (dev only) or "sha256:<64 hex>"; plaintext is hashed on load and never kept.
-    api_keys: list[str] = Field(default_factory=list)
-    default_class: RouteClassName | None = None
-    normalize: NormalizeMode = "off"
-    normalize_rules: list[str] | None = None
-    limits: LimitsConfig = LimitsConfig()
-    reference_price: ReferencePrice = ReferencePrice()
-    # Opt-ins that widen what leaves the gateway: prompt text in spans, a cache shared across tenants.
-    capture_content: bool = False
-    shared_cache: bool = False
-
-    _normalize_word = field_validator("normalize", mode="before")(
-        classmethod(lambda cls, v: _yaml_bool_to_mode(v))
-    )
-
-
-class AuthConfig(_Strict):
-    required: bool = True
-    admin_keys: list[str] = Field(default_factory=list)
-    # How long a key → tenant lookup is trusted before the store is asked again (a revoke through
-    # another gateway replica takes effect here within this).
-    key_cache_ttl_s: float = Field(5.0, ge=0)
-    # With required: false, these keys mean "anonymous" (SDKs insist on sending one; vLLM's docs use
-    # EMPTY). Any other key must name a tenant (401 otherwise), so a typo'd key is never billed anonymously.
-    anonymous_keys: list[str] = Field(default_factory=lambda: ["EMPTY"])
-
-
-class TelemetryConfig(_Strict):
-    otlp_endpoint: str | None = None
-    service_name: str = "kvgate"
-    metric_export_interval_s: float = Field(15, gt=0)
-
-
-class BackoffConfig(_Strict):
+class BackoffConfig(StrictModel):
     """Between failover attempts: uniform in [0, min(cap_s, base_s * 2^(n-1))] (full jitter)."""
 
-    base_s: float = Field(0.05, ge=0)
-    cap_s: float = Field(1.0, ge=0)
+    base_s: float = Field(0.05, ge=0, description="Backoff of the first retry.")
+    cap_s: float = Field(1.0, ge=0, description="Longest backoff.")
 
 
-class UpstreamConfig(_Strict):
-    connect_timeout_s: float = Field(5.0, gt=0)
-    read_timeout_s: float = Field(300.0, gt=0)
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    max_connections_per_replica: int = Field(512, ge=1)
-    retries: int = Field(2, ge=0, le=5)
-    keepalive_timeout_s: float = Field(30.0, gt=0)
-    backoff: BackoffConfig = BackoffConfig()
-    # A chat stream whose replica fails midway continues on another replica this many times (0: never).
-    max_migrations: int = Field(1, ge=0, le=3)
+class UpstreamConfig(StrictModel):
+    """Connections to the replicas: timeouts, sizes, retries."""
+
+    connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout to a replica.")
+    read_timeout_s: float = Field(300.0, gt=0, description="Longest wait for the next bytes of a replica's response.")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
+    max_connections_per_replica: int = Field(512, ge=1, description="Connection pool size per replica.")
+    retries: int = Field(2, ge=0, le=5, description="Failover attempts on other replicas before the first byte.")
+    keepalive_timeout_s: float = Field(30.0, gt=0, description="An idle upstream connection is closed after this.")
+    backoff: BackoffConfig = Field(BackoffConfig(), description="Pause between failover attempts.")
+    max_migrations: int = Field(1, ge=0, le=3, description=(
+        "A chat stream whose replica fails midway continues on another replica this many times (0: never)."))
 
 
-class BreakerSettings(_Strict):
+class BreakerSettings(StrictModel):
     """Per-replica circuit breaker: open after `failures` in a row, cool down `open_s` (doubling to `max_open_s`)."""
 
-    failures: int = Field(5, ge=1)
-    open_s: float = Field(2.0, gt=0)
-    max_open_s: float = Field(30.0, gt=0)
+    failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
+    open_s: float = Field(2.0, gt=0, description="First cool-down.")
+    max_open_s: float = Field(30.0, gt=0, description="Longest cool-down (it doubles while the replica keeps failing).")
 
 
-class SpillSettings(_Strict):
+class SpillSettings(StrictModel):
     """When the home pool counts as saturated, and when the other pool has room."""
 
-    waiting_threshold: int = Field(1, ge=1)
-    headroom_below_utilization: float = Field(0.8, ge=0, le=1)
+    waiting_threshold: int = Field(1, ge=1, description=(
+        "The home pool is saturated when every replica has at least this many requests queued."))
+    headroom_below_utilization: float = Field(0.8, ge=0, le=1, description=(
+        "A saturated interactive request may spill to the other pool when one of its replicas queues nothing and is "
+        "below this utilization."))
 
 
-class RoutingConfig(_Strict):
-    bulk_max_tokens_threshold: int = Field(2048, ge=1)
-    probe_interval_s: float = Field(1.5, gt=0)
-    # A probe gets two intervals, clamped to these: a busy engine answers /health late, and late is not dead.
-    probe_timeout_min_s: float = Field(1.0, gt=0)
-    probe_timeout_max_s: float = Field(5.0, gt=0)
-    healthy_after: int = Field(2, ge=1)
-    unhealthy_after: int = Field(2, ge=1)
-    # prefix_affinity's bound when its own `policy: {type: prefix_affinity, load_bound: …}` gives none.
-    load_bound: float = Field(1.25, ge=1.0)
-    allow_spill: bool = True
-    bulk_borrow_below_utilization: float = Field(0.3, ge=0, le=1)
-    breaker: BreakerSettings = BreakerSettings()
-    spill: SpillSettings = SpillSettings()
-    peer_load: PeerLoadSettings = PeerLoadSettings()
-    # How long a response id → replica mapping is kept (vLLM's stored responses live in its process).
-    response_ttl_s: float = Field(3600.0, gt=0)
-    prewarm: PrewarmConfig = PrewarmConfig()  # app/prewarm: a joining replica replays the top prefixes first
+def _load_bound_moved(data: Any) -> Any:
+    if isinstance(data, dict) and "load_bound" in data:
+        raise ValueError("load_bound: moved to pools.<p>.policy.load_bound (`policy: {type: prefix_affinity, "
+                         "load_bound: …}`)")
+    return data
 
 
-class NormalizeConfig(_Strict):
-    # Secret mixed into per-tenant cache_salt; override with KVGATE_NORMALIZE__SALT_SECRET in production.
-    salt_secret: str = "kvgate-dev-secret"
-    memory_per_tenant: int = Field(256, ge=8)
-    # Learned volatility (template fingerprints only) kept in the store, so a new replica starts warm.
-    share_learning: bool = True
-    shared_refresh_s: float = Field(5.0, gt=0)
+class RoutingConfig(StrictModel):
+    """Health probes, classification, spill between pools and the routing-wide services."""
+
+    bulk_max_tokens_threshold: int = Field(2048, ge=1, description=(
+        "A request asking for more output tokens than this is classified bulk."))
+    probe_interval_s: float = Field(1.5, gt=0, description="Health probe and metrics scrape interval per replica.")
+    probe_timeout_min_s: float = Field(1.0, gt=0, description=(
+        "A probe gets two intervals, clamped to these: a busy engine answers /health late, and late is not dead."))
+    probe_timeout_max_s: float = Field(5.0, gt=0, description="Upper clamp of the probe timeout.")
+    healthy_after: int = Field(2, ge=1, description="Passing probes in a row before a replica takes traffic.")
+    unhealthy_after: int = Field(2, ge=1, description="Failing probes in a row before a replica is taken out.")
+    allow_spill: bool = Field(True, description=(
+        "A request whose home pool is saturated may go to its model's other pool."))
+    bulk_borrow_below_utilization: float = Field(0.3, ge=0, le=1, description=(
+        "A bulk request whose pool is saturated may borrow the interactive pool while that pool's mean "
+        "utilization is below this (and it is not saturated)."))
+    breaker: BreakerSettings = Field(BreakerSettings(), description="Per-replica circuit breaker.")
+    spill: SpillSettings = Field(SpillSettings(), description="When to spill to the other pool.")
+    peer_load: PeerLoadSettings = Field(PeerLoadSettings(), description=(
+        "Gateway processes sharing a store judge bounded load on one snapshot of all their requests."))
+    response_ttl_s: float = Field(3600.0, gt=0, description=(
+        "How long a response id → replica mapping is kept (vLLM's stored responses live in its process)."))
+    prewarm: PrewarmConfig = Field(PrewarmConfig(), description=(
+        "A joining replica replays the top prefixes before it takes traffic."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_load_bound(cls, data: Any) -> Any:
+        return _load_bound_moved(data)
+
+
+class NormalizeConfig(StrictModel):
+    """Gateway-wide prompt normalization settings (each tenant opts in with `tenants[].normalize`)."""
+
+    salt_secret: str = Field("kvgate-dev-secret", description=(
+        "Secret mixed into each tenant's cache_salt; set `KVGATE_NORMALIZE__SALT_SECRET` in production."))
+    memory_per_tenant: int = Field(256, ge=8, description=(
+        "Span templates (hashes only) remembered per tenant, the least recently seen forgotten first."))
+    share_learning: bool = Field(True, description=(
+        "Learned volatility (template fingerprints only) kept in the store, so a new replica starts warm."))
+    shared_refresh_s: float = Field(5.0, gt=0, description="How often the shared learning is read back.")
 
 
 class GatewayConfig(BaseSettings):
-    """The whole configuration: YAML file, then `KVGATE_<KEY>__<SUBKEY>` environment overrides."""
+    """The whole configuration: the YAML file's values, overridden by `KVGATE_<KEY>__<SUBKEY>` variables.
 
+    Built by pydantic-settings from two sources (settings_customise_sources): the process environment
+    (app/config/env.py: values of lists and objects as YAML or JSON) over the init values, which app/config.py
+    fills from the YAML file. So a variable wins over the file, key by key (pydantic-settings' deep merge).
+    """
+
+    # An empty variable counts as unset (compose's `${VAR:-}`); `null` sets a key to none.
     model_config = SettingsConfigDict(
-        env_prefix="KVGATE_", env_nested_delimiter="__", env_parse_none_str="null",
+        env_prefix="KVGATE_", env_nested_delimiter="__", env_parse_none_str="null", env_ignore_empty=True,
         case_sensitive=False, extra="forbid", frozen=True,
-    )  # fmt: skip
+    )
 
-    listen: Listen = Listen()
-    store: StoreConfig = StoreConfig()
-    models: list[ModelConfig] = Field(min_length=1)
-    pools: dict[str, PoolConfig] = Field(min_length=1)
-    tenants: list[TenantConfig] = Field(default_factory=list)
-    auth: AuthConfig = AuthConfig()
-    telemetry: TelemetryConfig = TelemetryConfig()
-    upstream: UpstreamConfig = UpstreamConfig()
-    routing: RoutingConfig = RoutingConfig()
-    normalize: NormalizeConfig = NormalizeConfig()
+    listen: Listen = Field(Listen(), description="The listening socket and connection handling.")
+    store: StoreConfig = Field(StoreConfig(), description="The shared store (Redis) or in-memory.")
+    models: list[ModelConfig] = Field(min_length=1, description="The public models and the pools serving each.")
+    pools: dict[str, PoolConfig] = Field(min_length=1, description="Pools of vLLM replicas, by name.")
+    tenants: list[TenantConfig] = Field(default_factory=list, description="Who may call, and their limits.")
+    auth: AuthConfig = Field(AuthConfig(), description="API keys.")
+    telemetry: TelemetryConfig = Field(TelemetryConfig(), description="OpenTelemetry export.")
+    upstream: UpstreamConfig = Field(UpstreamConfig(), description="Connections to the replicas.")
+    routing: RoutingConfig = Field(RoutingConfig(), description="Health, classification, spill, routing services.")
+    normalize: NormalizeConfig = Field(NormalizeConfig(), description="Prompt normalization, gateway-wide.")
     _models: dict[str, ModelConfig] = PrivateAttr(default_factory=dict)
 
     def model(self, name: str) -> ModelConfig | None:
@@ -359,6 +355,18 @@ class GatewayConfig(BaseSettings):
     def model_post_init(self, context: Any, /) -> None:
         """Index models by name once: the api stage looks one up per request."""
         self._models = {m.name: m for m in self.models}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment over the file (the init values); no .env file, no secrets directory."""
+        return YamlEnvSource(settings_cls), init_settings
 
     @model_validator(mode="after")
     def _workers_share_a_store(self) -> GatewayConfig:
@@ -373,7 +381,7 @@ def workers_problem(workers: int, store_url: str | None) -> str | None:
     if workers > 1 and store_url is None:
         return (f"{workers} worker processes need a shared store: with the in-memory store (store.url: null) "
                 "each process would count limits and spend on its own; set store.url to a redis:// URL "
-                "or run one worker")  # fmt: skip
+                "or run one worker")
     return None
 
 

@@ -8,45 +8,49 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.config.types import StrictModel
+
+DEFAULT_LOAD_BOUND = 1.25
 
 
-class KvEventsParams(BaseModel):
+class KvEventsParams(StrictModel):
     """`policy: {type: kv_events, block_size: 128, load_tokens: 512}`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["kv_events"] = "kv_events"
-    # vLLM's --block-size (16 on GPUs; vLLM-CPU uses 128).
-    block_size: int = Field(16, ge=1)
-    # Prefill-equivalent tokens one request waiting ahead in the engine's queue costs.
-    load_tokens: int = Field(512, ge=0)
+    type: Literal["kv_events"] = Field("kv_events", description="The policy's name.")
+    block_size: int = Field(16, ge=1, description="vLLM's `--block-size` (16 on GPUs; vLLM-CPU uses 128).")
+    load_tokens: int = Field(512, ge=0, description=(
+        "Prefill-equivalent tokens one request waiting ahead in the engine's queue costs."))
+    load_bound: float = Field(DEFAULT_LOAD_BOUND, ge=1.0, description=(
+        "The bound of the prefix-affinity pick used while a replica's event stream is not whole."))
 
 
-class PrefixAffinityParams(BaseModel):
-    """`policy: {type: prefix_affinity, load_bound: c}`; without load_bound, `routing.load_bound` applies."""
+class PrefixAffinityParams(StrictModel):
+    """`policy: {type: prefix_affinity, load_bound: c, min_bound: 0, spill: least_loaded}`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["prefix_affinity"] = "prefix_affinity"
-    load_bound: float | None = Field(None, ge=1.0)
-    # A home may always hold this many requests before the bound applies: at low load the bound (c x a mean
-    # below one) would send a prefix's second request elsewhere, and each gateway replica, seeing only its
-    # own in-flight requests, elsewhere differently. 0 keeps the pure bound.
-    min_bound: int = Field(0, ge=0)
-    spill: Literal["least_loaded", "ranked"] = "least_loaded"
+    type: Literal["prefix_affinity"] = Field("prefix_affinity", description="The policy's name.")
+    load_bound: float = Field(DEFAULT_LOAD_BOUND, ge=1.0, description=(
+        "c: a home takes a request only while its load after it stays within ceil(c x mean load)."))
+    min_bound: int = Field(0, ge=0, description=(
+        "A home may always hold this many requests before the bound applies: at low load the bound (c x a mean "
+        "below one) would send a prefix's second request elsewhere, and each gateway replica, seeing only its own "
+        "in-flight requests, elsewhere differently. 0 keeps the pure bound."))
+    spill: Literal["least_loaded", "ranked"] = Field("least_loaded", description=(
+        "Where a request over the bound goes: the least-loaded replica, or `ranked`: the next replica in the "
+        "prefix's rendezvous order within the bound (a hot prefix then overflows onto the same second replica)."))
 
 
-class RoundRobinParams(BaseModel):
+class RoundRobinParams(StrictModel):
     """`policy: round_robin` (no parameters)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["round_robin"] = "round_robin"
+    type: Literal["round_robin"] = Field("round_robin", description="The policy's name.")
 
 
-class LeastLoadParams(BaseModel):
+class LeastLoadParams(StrictModel):
     """`policy: least_load` (no parameters)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["least_load"] = "least_load"
+    type: Literal["least_load"] = Field("least_load", description="The policy's name.")
 
 
 def policy_object(value: Any) -> Any:

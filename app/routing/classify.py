@@ -6,11 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.config import RoutingConfig
+from app.config.types import ROUTE_CLASSES
 from app.context import ClassDecision, RouteClass, Tenant
 from app.errors import bad_request
 from app.headers import CLASS as CLASS_HEADER
 
-_CLASSES: dict[str, RouteClass] = {"interactive": "interactive", "bulk": "bulk"}
+_CLASSES: dict[str, RouteClass] = {c: c for c in ROUTE_CLASSES}
 # OpenAI's service_tier: "priority" buys low latency, "flex" trades latency for price. "auto"/"default"
 # say nothing about latency, so they fall through to the next rule.
 _SERVICE_TIERS: dict[str, RouteClass] = {"priority": "interactive", "flex": "bulk"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from app.config.policies import DEFAULT_LOAD_BOUND
 from app.routing.hashing import GOLDEN64, MASK64
 from app.routing.policy import R, Selection
 
@@ -34,7 +35,7 @@ class PrefixAffinity:
 
     name = "prefix_affinity"
 
-    def __init__(self, load_bound: float = 1.25, min_bound: int = 0, spill: str = "least_loaded") -> None:
+    def __init__(self, load_bound: float = DEFAULT_LOAD_BOUND, min_bound: int = 0, spill: str = "least_loaded") -> None:
         if load_bound < 1.0:
             raise ValueError("load_bound must be >= 1")
         self.load_bound = load_bound

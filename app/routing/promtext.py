@@ -3,7 +3,7 @@
 Hand-written because the scraper parses every replica's /metrics every probe: on a 58-60 KB vLLM 0.32 scrape
 (tests/routing/fixtures/vllm_0_32_*_metrics.txt) it takes 0.11 ms against 9.78 ms for
 prometheus_client.parser (earlier measurement, quiet machine); re-measured 2026-12-01 with the machine loaded
-(load 5-7 on 2 cores): 0.20-0.24 ms against 10.6-11.0 ms, 47-53x (docs/performance.md has the command).
+(load 5-7 on 2 cores): 0.20-0.24 ms against 10.6-11.0 ms, 47-53x (docs/measurements/performance.md has the command).
 """
 
 from __future__ import annotations

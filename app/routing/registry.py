@@ -20,9 +20,8 @@ from app.routing.round_robin import RoundRobin
 
 
 class PolicyDefaults(NamedTuple):
-    """Gateway-wide values and shared runtime parts a policy may need beyond its own parameters."""
+    """Shared runtime parts a policy may need beyond its own parameters."""
 
-    load_bound: float = 1.25
     kv_hub: BlockView | None = None  # the KV-event index, when any pool publishes events
 
 
@@ -34,11 +33,11 @@ class Entry(NamedTuple):
 
 
 def _prefix_affinity(p: PrefixAffinityParams, d: PolicyDefaults) -> PrefixAffinity:
-    return PrefixAffinity(p.load_bound if p.load_bound is not None else d.load_bound, p.min_bound, p.spill)
+    return PrefixAffinity(p.load_bound, p.min_bound, p.spill)
 
 
 def _kv_events(p: KvEventsParams, d: PolicyDefaults) -> Policy:
-    fallback = PrefixAffinity(d.load_bound)
+    fallback = PrefixAffinity(p.load_bound)
     # Without an event index (no replica declared kv_events) there is nothing to score: prefix affinity.
     return KvEvents(p, d.kv_hub, fallback) if d.kv_hub is not None else fallback
 

@@ -338,7 +338,7 @@ class ClusterState:
         old = {(r.pool, r.url): r for r in previous.replicas()} if previous is not None else {}
         b = cfg.routing.breaker
         breaker = breaker or BreakerConfig(failures=b.failures, open_s=b.open_s, max_open_s=b.max_open_s)
-        defaults = PolicyDefaults(load_bound=cfg.routing.load_bound, kv_hub=kv_hub)
+        defaults = PolicyDefaults(kv_hub=kv_hub)
         pools: dict[str, PoolState] = {}
         for name, pcfg in cfg.pools.items():
             replicas = []

@@ -10,7 +10,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.bench.fake_openai import FakeOpenAI, serving
+from kvlab.fake_openai import FakeOpenAI, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 

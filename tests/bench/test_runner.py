@@ -9,7 +9,7 @@ import pytest
 
 from app.bench.runner import run_bench, run_sweep
 from app.bench.spec import BenchSpec
-from tests.bench.fake_openai import BAD_KEY, FakeOpenAI, serving
+from kvlab.fake_openai import BAD_KEY, FakeOpenAI, serving
 
 
 async def test_streaming_run_measures_ttft_tpot_itl_and_usage() -> None:
@@ -164,7 +164,7 @@ async def test_the_cost_a_kvgate_gateway_bills_is_recorded_per_request_and_summe
     with serve_in_thread(create_sim_app(SimOptions(model="served"))) as sim:
         raw = {"models": [{"name": "m", "pools": ["main"]}], "pools": {"main": {**pool, "replicas": [sim]}},
                "auth": {"required": False}}  # fmt: skip
-        cfg = parse_config(raw, env={})
+        cfg = parse_config(raw)
         with serve_in_thread(create_app(cfg)) as gateway:
             runs = [
                 await run_bench(BenchSpec(base_url=gateway, api=api, model="m", concurrency=2, requests=4,

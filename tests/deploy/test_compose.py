@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import GatewayConfig, parse_config
+from app.config import GatewayConfig
 from app.telemetry import instruments as inst
+from tests.config_env import parse_with_env
 from tests.deploy.files import (
     COMPOSE,
     COMPOSE_AIRGAPPED,
@@ -94,7 +95,7 @@ def gateway_config(stack: dict[str, Any]) -> GatewayConfig:
     source = next(src for src, dst, *_ in mounts if dst == target)
     raw = yaml.safe_load((ROOT / source).read_text())
     env = {k: str(v) for k, v in gw.get("environment", {}).items()}
-    return parse_config(raw, env=env)
+    return parse_with_env(raw, env)
 
 
 def listen_port(svc: dict[str, Any]) -> int:

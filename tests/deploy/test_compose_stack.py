@@ -30,8 +30,8 @@ import pytest
 import yaml
 
 from app.spend import usd_to_micros
+from tests.deploy.dashboard_eval import dashboard_outcomes, prometheus_query
 from tests.deploy.files import DASHBOARDS, ENV_EXAMPLE, ROOT, read_env_file
-from tests.deploy.stack import dashboard_outcomes, prometheus_query
 from tests.servers import free_port
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(3600)]

@@ -25,24 +25,23 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy.files import DASHBOARDS, dashboard_variables, prometheus_name
-from tests.deploy.stack import (
+from kvlab.net import free_port
+from kvlab.procs import spawn, wait_ready
+from kvlab.stack import (
     FAST_SIM,
     KEYS,
     MODEL,
-    dashboard_outcomes,
     gateway_config,
     prometheus_argv,
     prometheus_config,
     redis_store,
     sim_argv,
     sim_ports,
-    spawn,
-    wait_http,
 )
-from tests.deploy.stack import prometheus_query as _query
-from tests.deploy.stack import substitute as _substitute
-from tests.servers import free_port
+from tests.deploy.dashboard_eval import dashboard_outcomes
+from tests.deploy.dashboard_eval import prometheus_query as _query
+from tests.deploy.dashboard_eval import substitute as _substitute
+from tests.deploy.files import DASHBOARDS, dashboard_variables, prometheus_name
 from tests.telemetry.otlp_receiver import Received, otlp_receiver
 
 pytestmark = [
@@ -121,7 +120,7 @@ def _join_a_replica(es: ExitStack, logs: Path, kvgate: list[str], ports: dict[st
     for i in range(8):
         _chat(gateway, "acme", "interactive", 20 + i, stream=False)
     proc = spawn(es, logs, "sim-fast-2", sim_argv(kvgate, ports, "vllm-fast-2", []))
-    wait_http(f"http://127.0.0.1:{ports['vllm-fast-2']}/health", proc, logs, "sim-fast-2")
+    wait_ready(f"http://127.0.0.1:{ports['vllm-fast-2']}/health", proc, logs, "sim-fast-2")
     deadline = time.monotonic() + 30
     while _prewarm_runs_done(httpx.get(f"{gateway}/metrics", timeout=5).text) < 1:
         if time.monotonic() > deadline:
@@ -140,12 +139,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             argv = sim_argv(kvgate, ports, f"vllm-{pool}", extra)
             running[pool] = (spawn(es, logs, f"sim-{pool}", argv), ports[f"vllm-{pool}"])
         for pool, (proc, port) in running.items():
-            wait_http(f"http://127.0.0.1:{port}/health", proc, logs, f"sim-{pool}")
+            wait_ready(f"http://127.0.0.1:{port}/health", proc, logs, f"sim-{pool}")
         cfg_path = logs / "gateway.yaml"
         cfg_path.write_text(yaml.safe_dump(gateway_config(ports, store, otlp=otlp_url)))
         gw = spawn(es, logs, "gateway", [*kvgate, "serve", "--config", str(cfg_path)])
         gateway = f"http://127.0.0.1:{ports['gateway']}"
-        wait_http(f"{gateway}/ready", gw, logs, "gateway")
+        wait_ready(f"{gateway}/ready", gw, logs, "gateway")
         prom_cfg = logs / "prometheus.yml"
         # The gateway's /metrics stands in for the collector's exporter.
         targets = {host: [ports[host]] for host in ("gateway", "localhost", "vllm-fast", "vllm-bulk")}
@@ -153,7 +152,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prom_cfg.write_text(yaml.safe_dump(prometheus_config(targets, SCRAPE_S)))
         prom = spawn(es, logs, "prometheus", prometheus_argv(prom_cfg, logs / "tsdb", ports["localhost"]))
         prometheus = f"http://127.0.0.1:{ports['localhost']}"
-        wait_http(f"{prometheus}/-/ready", prom, logs, "prometheus")
+        wait_ready(f"{prometheus}/-/ready", prom, logs, "prometheus")
         time.sleep(2 * SCRAPE_S)  # a baseline scrape before traffic, so rate() sees the increase
         _traffic(gateway)
         _join_a_replica(es, logs, kvgate, ports, gateway)

@@ -51,7 +51,7 @@ def test_runs_as_non_root() -> None:
 
 
 def test_healthcheck_probes_health_on_the_configured_port() -> None:
-    cfg = parse_config(yaml.safe_load((ROOT / "config" / "gateway.yaml").read_text()), env={})
+    cfg = parse_config(yaml.safe_load((ROOT / "config" / "gateway.yaml").read_text()))
     [hc] = _instr("HEALTHCHECK")
     assert f"127.0.0.1:{cfg.listen.port}/health" in hc
     assert str(cfg.listen.port) in _instr("EXPOSE")[0].split()

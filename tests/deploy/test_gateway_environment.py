@@ -1,8 +1,8 @@
 """Every KVGATE_* value a compose file, .env.example or a Kubernetes manifest hands the gateway reaches it through a
 real process environment, as in its container: the gateway's config is loaded in a child process whose environment
 holds exactly those values, and must be the config the other deploy tests build from the same values as a mapping.
-(pydantic-settings reads complex values from the process environment as JSON only: YAML flow text such as
-`[{name: m, pools: [fast]}]` passed the mapping path and failed every real container.)
+(pydantic-settings' own env source reads complex values as JSON only: YAML flow text such as
+`[{name: m, pools: [fast]}]` passed a mapping-based test and failed every real container.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import parse_config
+from tests.config_env import parse_with_env
 from tests.deploy.files import ENV_EXAMPLE, ROOT, STACK_FILES, effective_compose, flag, read_env_file
 
 STACKS = STACK_FILES
@@ -51,7 +51,7 @@ def test_compose_gateway_environment_loads_in_a_real_process(files: tuple[Path, 
     source = next(ROOT / v.split(":")[0] for v in gw["volumes"] if v.split(":")[1] == target)
     text = source.read_text()
     got = load_in_a_process(text, env, tmp_path)
-    assert got == parse_config(yaml.safe_load(text), env=env).model_dump(mode="json")
+    assert got == parse_with_env(yaml.safe_load(text), env).model_dump(mode="json")
     served = read_env_file(ENV_EXAMPLE)["SERVED_MODEL_NAME"]
     assert [m["name"] for m in got["models"]] == [served]
     assert {p["served_model"] for p in got["pools"].values()} == {served}
@@ -71,6 +71,6 @@ def test_kubernetes_gateway_environment_loads_in_a_real_process(tmp_path: Path) 
         assert {"KVGATE_MODELS", "KVGATE_TENANTS"} <= set(env), overlay
         text = k8s.mounted_file(objs, gw, flag(c["args"], "--config") or "")
         got = load_in_a_process(text, env, tmp_path)
-        assert got == parse_config(yaml.safe_load(text), env=env).model_dump(mode="json"), overlay
+        assert got == parse_with_env(yaml.safe_load(text), env).model_dump(mode="json"), overlay
         assert got["tenants"] and all(k.startswith("sha256:") for t in got["tenants"] for k in t["api_keys"]), overlay
         assert got["pools"]["fast"]["speculative"], overlay

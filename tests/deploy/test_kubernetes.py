@@ -28,6 +28,7 @@ import yaml
 from app.config import GatewayConfig, parse_config
 from app.telemetry import instruments as inst
 from app.tenancy import hash_key
+from tests.config_env import parse_with_env
 from tests.deploy.files import (
     COMPOSE,
     COMPOSE_CPU,
@@ -254,7 +255,7 @@ def gateway_config(objs: list[dict[str, Any]]) -> GatewayConfig:
     gw = named(objs, "Deployment", "gateway")
     [c] = pod_spec(gw)["containers"]
     raw = yaml.safe_load(mounted_file(objs, gw, flag(c["args"], "--config") or ""))
-    return parse_config(raw, env={k: v for k, v in environment(objs, c).items() if k.startswith("KVGATE_")})
+    return parse_with_env(raw, {k: v for k, v in environment(objs, c).items() if k.startswith("KVGATE_")})
 
 
 def compose_command(service: str, *paths: Path) -> list[str]:
@@ -267,7 +268,7 @@ def compose_gateway_config() -> GatewayConfig:
     """config/gateway.yaml as docker-compose.yml's gateway loads it (its file plus its KVGATE_* env)."""
     gw = effective_compose(COMPOSE)["services"]["gateway"]
     source = next(v.split(":")[0] for v in gw["volumes"] if ":/etc/kvgate/gateway.yaml" in v)
-    return parse_config(yaml.safe_load((ROOT / source).read_text()), env=dict(gw["environment"]))
+    return parse_with_env(yaml.safe_load((ROOT / source).read_text()), dict(gw["environment"]))
 
 
 def every(kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -373,7 +374,7 @@ def test_images_are_the_compose_stack_images(overlay: str, files: tuple[Path, ..
 def test_gateway_configmap_parses_on_its_own() -> None:
     gw = named(objects("gpu"), "Deployment", "gateway")
     raw = yaml.safe_load(mounted_file(objects("gpu"), gw, "/etc/kvgate/gateway.yaml"))
-    cfg = parse_config(raw, env={})
+    cfg = parse_config(raw)
     assert set(cfg.pools) == {"fast", "bulk"} and cfg.auth.required
 
 

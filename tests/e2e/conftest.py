@@ -39,7 +39,6 @@ def e2e_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
             "routing": {"allow_spill": False, "probe_timeout_min_s": 10, "probe_timeout_max_s": 10,
                         "unhealthy_after": 3},
         },
-        env={},
     )
     with running_gateway(cfg) as url:
         yield url

@@ -88,7 +88,7 @@ def vllm_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
         "models": [{"name": MODEL, "pools": sorted(pools)}], "pools": pools,
         "tenants": [{"id": "agents", "api_keys": ["sk-agents"], "normalize": "on"}], "auth": {"required": True},
         "upstream": {"read_timeout_s": 300},
-    }, env={})  # fmt: skip
+    })  # fmt: skip
     with running_gateway(cfg) as url:
         yield url
 

@@ -35,7 +35,6 @@ def gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
             "upstream": {"read_timeout_s": 300},
             "routing": {"allow_spill": False},
         },
-        env={},
     )  # fmt: skip
     with running_gateway(cfg) as url:
         yield url

@@ -7,18 +7,11 @@ not tested against itself.
 
 from __future__ import annotations
 
-import socket
-
 from app.kvcache.publisher import END_SEQ_BYTES, KvEventPublisher
+from kvlab.net import free_port as free_port  # re-exported
 
 END_SEQ = END_SEQ_BYTES
 
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stored(hashes: list[int], parent: int | None = None, medium: str | None = "GPU", block_size: int = 16) -> dict:

@@ -64,7 +64,7 @@ class Engine:
 
 def cluster_of(*urls: str, policy: str = "prefix_affinity") -> ClusterState:
     pool = {"role": "interactive", "served_model": "served", "replicas": list(urls), "price": PRICE, "policy": policy}
-    cfg = parse_config({"models": [{"name": "m", "pools": ["main"]}], "pools": {"main": pool}}, env={})
+    cfg = parse_config({"models": [{"name": "m", "pools": ["main"]}], "pools": {"main": pool}})
     return ClusterState.from_config(cfg)
 
 

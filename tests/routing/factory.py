@@ -6,6 +6,7 @@ from typing import Any
 
 from app.config import GatewayConfig, parse_config
 from app.routing.state import ClusterState, ReplicaState
+from kvlab.configs import gateway_config
 
 PRICE = {"gpu_hour_usd": 2.5, "capacity_tokens_per_s": 1000}
 
@@ -23,13 +24,10 @@ def make_config(
     bulk = ["http://127.0.0.1:9201"] if bulk is None else bulk
     pools: dict[str, Any] = {}
     if fast:
-        pools["fast"] = {"role": "interactive", "served_model": "m", "replicas": fast, "price": PRICE,
-                         **(fast_extra or {})}
+        pools["fast"] = {"role": "interactive", "replicas": fast, **(fast_extra or {})}
     if bulk:
-        pools["bulk"] = {"role": "bulk", "served_model": "m", "replicas": bulk, "price": PRICE,
-                         **(bulk_extra or {})}
-    raw = {"models": [{"name": "m", "pools": list(pools)}], "pools": pools, "routing": routing or {}}
-    return parse_config(raw, env={})
+        pools["bulk"] = {"role": "bulk", "replicas": bulk, **(bulk_extra or {})}
+    return parse_config(gateway_config(pools, price=PRICE, routing=routing or {}))
 
 
 def make_cluster(cfg: GatewayConfig) -> ClusterState:

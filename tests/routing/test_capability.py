@@ -63,7 +63,7 @@ def test_refused_param_names_the_first_unsupported_parameter_the_body_sets() -> 
 
 def _pool_cfg(**extra: Any) -> GatewayConfig:
     pool = {"role": "interactive", "served_model": "m", "replicas": ["http://127.0.0.1:9"], "price": PRICE, **extra}
-    return parse_config({"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool}}, env={})
+    return parse_config({"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool}})
 
 
 def test_speculative_pool_defaults_to_the_parameters_vllm_refuses_with_speculative_decoding() -> None:
@@ -82,7 +82,7 @@ def test_unsupported_param_must_be_a_field_name() -> None:
 
 
 def test_embedded_local_config_keeps_top_k_off_the_speculative_pool() -> None:
-    fast = load_config(None, env={}).pools["fast"]
+    fast = load_config(None).pools["fast"]
     assert fast.speculative and set(fast.unsupported_params) == {"min_p", "logit_bias", "top_k"}
 
 
@@ -174,7 +174,6 @@ def two_pools() -> Iterator[str]:
                 "auth": {"required": False},
                 "routing": {"allow_spill": False},
             },
-            env={},
         )  # fmt: skip
         with running_gateway(cfg) as gw:
             yield gw
@@ -201,7 +200,6 @@ def test_gateway_answers_400_when_no_pool_of_the_model_can_serve_the_parameters(
              "pools": {"fast": {"role": "interactive", "served_model": "served-model", "replicas": [fast],
                                 "price": price, "speculative": True}},
              "auth": {"required": False}},
-            env={},
         )  # fmt: skip
         with running_gateway(cfg) as gw:
             client = openai.OpenAI(base_url=gw + "/v1", api_key="EMPTY", max_retries=0)

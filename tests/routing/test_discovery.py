@@ -48,7 +48,7 @@ def discovering_config(dns: str, **extra: Any) -> Any:
         "auth": {"required": False},
         **extra,
     }
-    return parse_config(raw, env={})
+    return parse_config(raw)
 
 
 class Records:

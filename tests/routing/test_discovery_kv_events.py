@@ -34,7 +34,7 @@ def config(dns: str, kv_events: dict[str, Any], **pool: Any) -> Any:
         "routing": {"probe_interval_s": 0.1, "healthy_after": 1, "unhealthy_after": 1},
         "auth": {"required": False},
     }
-    return parse_config(raw, env={})
+    return parse_config(raw)
 
 
 def test_each_discovered_replica_gets_its_endpoints_from_the_template_ipv6_in_brackets() -> None:

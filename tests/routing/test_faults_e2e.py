@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,8 @@ import pytest
 
 from app.api.app import create_app
 from app.config import parse_config
+from kvlab.net import wait_http
+from kvlab.procs import KVGATE, start_logged
 from tests.servers import free_port, serve_in_thread
 
 pytestmark = pytest.mark.slow
@@ -39,20 +40,10 @@ class SimProcess:
 
     def start(self) -> None:
         """Start and wait for /health."""
-        code = "import sys; from app.cli import main; sys.exit(main())"
-        self.popen = subprocess.Popen(
-            [sys.executable, "-c", code, "sim", "--port", str(self.port), "--model", MODEL, "--log-level", "warning",
-             "--enable-responses-store"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=0.5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError("sim did not start")
+        argv = [*KVGATE, "sim", "--port", str(self.port), "--model", MODEL, "--log-level", "warning",
+                "--enable-responses-store"]
+        self.popen = start_logged(argv, None)
+        wait_http(self.url + "/health", 15, self.popen)
 
     def kill(self) -> None:
         """SIGKILL: a crash, no graceful drain."""
@@ -83,7 +74,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, SimProcess, S
             "auth": {"required": False},
             "upstream": {"connect_timeout_s": 1, "retries": 2, "max_migrations": migrations},
             "routing": {"probe_interval_s": 0.3},
-        }, env={})  # fmt: skip
+        })  # fmt: skip
         with serve_in_thread(create_app(cfg)) as gw:
             yield gw, sims[0], sims[1]
     finally:

@@ -107,7 +107,7 @@ def pool_cfg(replicas: list[object], **extra: object) -> dict[str, object]:
 def test_replicas_may_be_objects_with_their_kv_event_endpoints() -> None:
     raw = {"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool_cfg(
         [A, {"url": B + "/", "kv_events": "tcp://127.0.0.1:5557", "kv_replay": "tcp://127.0.0.1:5558"}])}}  # fmt: skip
-    p = parse_config(raw, env={}).pools["p"]
+    p = parse_config(raw).pools["p"]
     assert p.replicas == [A, B]
     assert p.replica_events[B].endpoint == "tcp://127.0.0.1:5557" and p.replica_events[B].topic == "kv"
     assert p.effective_policy().type == "prefix_affinity"  # type: ignore[attr-defined]
@@ -116,19 +116,19 @@ def test_replicas_may_be_objects_with_their_kv_event_endpoints() -> None:
 def test_kv_events_is_the_default_where_every_replica_publishes_and_a_tokenizer_is_named() -> None:
     reps = [{"url": A, "kv_events": "tcp://127.0.0.1:5557"}, {"url": B, "kv_events": "tcp://127.0.0.1:5567"}]
     raw = {"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool_cfg(reps, tokenizer="/models/x")}}
-    assert parse_config(raw, env={}).pools["p"].effective_policy().type == "kv_events"  # type: ignore[attr-defined]
+    assert parse_config(raw).pools["p"].effective_policy().type == "kv_events"  # type: ignore[attr-defined]
 
 
 def test_a_malformed_replica_object_is_a_config_problem() -> None:
     raw = {"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool_cfg([{"url": A, "kv": "x"}])}}
     with pytest.raises(ConfigError) as info:
-        parse_config(raw, env={})
+        parse_config(raw)
     assert "replicas[0]" in str(info.value)
 
 
 def test_kv_events_without_any_event_source_builds_prefix_affinity() -> None:
     raw = {"models": [{"name": "m", "pools": ["p"]}], "pools": {"p": pool_cfg([A, B], policy="kv_events")}}
-    cluster = ClusterState.from_config(parse_config(raw, env={}))
+    cluster = ClusterState.from_config(parse_config(raw))
     assert cluster.pools["p"].policy.name == "prefix_affinity"
 
 

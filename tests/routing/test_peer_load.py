@@ -407,12 +407,12 @@ def test_sharing_needs_a_shared_store_and_can_be_turned_off() -> None:
                             "price": {"gpu_hour_usd": 1, "capacity_tokens_per_s": 10}}}}  # fmt: skip
     cluster = make_cluster(make_config(FAST))
     store = MemoryStore()
-    assert PeerLoad.for_config(parse_config(base, env={}), store, lambda: cluster) is None
+    assert PeerLoad.for_config(parse_config(base), store, lambda: cluster) is None
     assert cluster.peer_clock is None  # without sharing, pick calls nothing
-    shared = parse_config({**base, "store": {"url": "redis://127.0.0.1:1/0"}}, env={})
+    shared = parse_config({**base, "store": {"url": "redis://127.0.0.1:1/0"}})
     assert PeerLoad.for_config(shared, store, lambda: cluster) is not None
     off_raw = {**base, "store": {"url": "redis://127.0.0.1:1/0"}, "routing": {"peer_load": {"enabled": False}}}
-    assert PeerLoad.for_config(parse_config(off_raw, env={}), store, lambda: make_cluster(make_config(FAST))) is None
+    assert PeerLoad.for_config(parse_config(off_raw), store, lambda: make_cluster(make_config(FAST))) is None
 
 
 async def test_two_gateways_on_one_redis_share_a_snapshot_in_the_background(redis_url: str, key_prefix: str) -> None:
@@ -422,7 +422,7 @@ async def test_two_gateways_on_one_redis_share_a_snapshot_in_the_background(redi
            "store": {"url": redis_url, "key_prefix": key_prefix, "socket_timeout_s": 2},
            "routing": {"probe_interval_s": 60,
                        "peer_load": {"interval_s": 0.05, "ttl_s": 1}}}  # fmt: skip
-    a, b = Gateway(parse_config(raw, env={})), Gateway(parse_config(raw, env={}))
+    a, b = Gateway(parse_config(raw)), Gateway(parse_config(raw))
     await a.start()
     await b.start()
     try:

@@ -42,7 +42,7 @@ def config(
         "store": {"fail_mode": fail_mode},
         **extra,
     }
-    return parse_config(raw, env={})
+    return parse_config(raw)
 
 
 def make_ctx(

@@ -6,13 +6,8 @@ Tests never FLUSH: each gets its own key prefix and deletes only its own keys af
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -21,48 +16,15 @@ import redis
 from app.store.base import Store
 from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
-from tests.servers import free_port
+from kvlab.redis_server import RedisNotInstalled
+from kvlab.redis_server import RedisServer as RedisServer  # re-exported: the tests' type hints
 
 
-@dataclass
-class RedisServer:
-    """One redis-server process we own: can be stopped and started again on the same port and dir."""
-
-    workdir: Path
-    appendonly: bool = False
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """redis:// URL of this server."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        """Start (or restart) the server and wait until it answers PING."""
-        if shutil.which("redis-server") is None:
-            pytest.skip("redis-server not installed and REDIS_URL not set")
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.workdir)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    break
-            except redis.exceptions.RedisError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
-        client.close()
-
-    def stop(self) -> None:
-        """Graceful shutdown (SIGTERM: Redis fsyncs its AOF before exiting)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        self.proc = None
+def _start_or_skip(server: RedisServer) -> None:
+    try:
+        server.start()
+    except RedisNotInstalled as err:
+        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +34,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield os.environ["REDIS_URL"]
         return
     server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
+    _start_or_skip(server)
     try:
         yield server.url
     finally:
@@ -83,7 +45,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server only this test uses (with AOF on), so the test may stop and restart it."""
     server = RedisServer(tmp_path, appendonly=True)
-    server.start()
+    _start_or_skip(server)
     try:
         yield server
     finally:

@@ -3,28 +3,25 @@ pool and a discovered bulk pool, config/prometheus.yml re-pointed at loopback po
 processes whose output goes to log files (never to unread pipes).
 
 Shared by tests/deploy/test_dashboard_queries.py (every dashboard query returns data) and
-experiments/dashboard_preview.py (the docs' dashboard previews), so both run the same stack.
+experiments/dashboard_preview.py (the docs' dashboard previews), so both run the same stack; the processes are
+started and awaited with kvlab.procs (`spawn`, `stop`, `wait_ready`).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
 import yaml
 
-from tests.deploy.files import DASHBOARDS, ROOT, dashboard_targets
-from tests.servers import free_port
-from tests.store.redis_fixtures import RedisServer
+from kvlab.net import free_port
+from kvlab.procs import ROOT
+from kvlab.redis_server import RedisServer
 
 MODEL = "smollm2-135m"
 KEYS = {"acme": "sk-acme-test", "globex": "sk-globex-test", "tiny": "sk-tiny-test"}
@@ -137,44 +134,6 @@ def prometheus_argv(cfg_path: Path, data: Path, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def spawn(es: ExitStack, logs: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-    """Start `argv` with its output in logs/<name>.log; `es` stops it (SIGTERM, then SIGKILL) when it unwinds."""
-    log = (logs / f"{name}.log").open("ab")
-    es.callback(log.close)
-    proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env={**os.environ}
-    )
-    es.callback(stop, proc)
-    return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the drain), then SIGKILL if it lingers."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], logs: Path, name: str, timeout: float = 60) -> None:
-    """Return once `url` answers 200; raise with the tail of logs/<name>.log if `proc` exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited:\n{(logs / f'{name}.log').read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{name} not ready at {url}:\n{(logs / f'{name}.log').read_text()[-3000:]}")
-
-
 @contextmanager
 def redis_store(workdir: Path) -> Iterator[dict[str, Any]]:
     """The gateway's store as in compose: Redis (REDIS_URL under a key prefix of our own, else a
@@ -195,40 +154,3 @@ def redis_store(workdir: Path) -> Iterator[dict[str, Any]]:
         client.close()
         if server is not None:
             server.stop()
-
-
-# Values Grafana would put in; every range must hold several scrapes of the traffic.
-SUBSTITUTIONS = {"$__rate_interval": "1m", "$__range": "10m", "$__interval": "15s", "$tenant": ".*", "$pool": ".*"}
-
-
-def substitute(expr: str) -> str:
-    """A dashboard query with its Grafana variables filled in (SUBSTITUTIONS)."""
-    for var, value in SUBSTITUTIONS.items():
-        expr = expr.replace(var, value)
-    return expr
-
-
-def prometheus_query(prometheus: str, expr: str) -> dict[str, Any]:
-    """Prometheus' JSON answer to an instant query."""
-    body: dict[str, Any] = httpx.post(f"{prometheus}/api/v1/query", data={"query": expr}, timeout=10).json()
-    return body
-
-
-def dashboard_outcomes(prometheus: str, paths: list[Path] = DASHBOARDS) -> list[tuple[str, str, str, str]]:
-    """(dashboard file, panel title, query, outcome) for every query of the dashboards, evaluated now; the outcome
-    is "data", "no data", "only NaN/Inf" or Prometheus' error."""
-    out = []
-    for path in paths:
-        for title, expr in dashboard_targets(path):
-            body = prometheus_query(prometheus, substitute(expr))
-            result = body.get("data", {}).get("result") if body.get("status") == "success" else None
-            if result is None:
-                outcome = f"error: {body.get('error')}"
-            elif not result:
-                outcome = "no data"
-            elif not any(math.isfinite(float(s["value"][1])) for s in result):
-                outcome = "only NaN/Inf"
-            else:
-                outcome = "data"
-            out.append((path.name, title, expr, outcome))
-    return out
