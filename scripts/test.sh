@@ -5,7 +5,8 @@
 #   scripts/test.sh --vllm     the real-vLLM tier only
 #   scripts/test.sh --compose  the compose tier only: docker compose with two real vLLM-CPU containers, the
 #                              gateway, Redis and Prometheus (installs and starts a Docker engine when none runs;
-#                              images built once per machine: cold ~15 min, warm ~6 min)
+#                              images built once per machine: ~37 min cold on a loaded 2-core machine,
+#                              docs/measurements/compose-tier.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
