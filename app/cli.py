@@ -116,7 +116,8 @@ async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object, worke
     replicas = _replica_states(app)
     # The scraper sets no event on a first probe; a bounded poll of the flags it does set is enough here.
     for _ in range(int(_FIRST_PROBE_WAIT_S / _PROBE_POLL_S)):
-        if all(getattr(r, "probed", True) for _, r in replicas):
+        # Probed, and a healthy one's engine facts read (/v1/models, /version right after its first /metrics).
+        if all(_first_probe_done(r) for _, r in replicas):
             break
         await asyncio.sleep(_PROBE_POLL_S)
     workers = f" - {worker.count} workers" if worker is not None else ""
@@ -129,6 +130,10 @@ async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object, worke
         while _unready_models(app):  # noqa: ASYNC110
             await asyncio.sleep(_READY_POLL_S)
     print(ready_line(url, cfg, _replica_states(app)) + workers, flush=True)
+    from app.engine_report import startup_lines
+
+    for line in startup_lines(getattr(getattr(getattr(app, "api", app), "state", None), "gateway", None)):
+        print(line, flush=True)
 
 
 def _unready_models(app: object) -> list[str]:
@@ -136,6 +141,10 @@ def _unready_models(app: object) -> list[str]:
     gateway = getattr(getattr(getattr(app, "api", app), "state", None), "gateway", None)
     unready = getattr(gateway, "unready_models", None)
     return list(unready()) if callable(unready) else []
+
+
+def _first_probe_done(r: Any) -> bool:
+    return bool(getattr(r, "probed", True) and (getattr(r, "engine_read", True) or not getattr(r, "healthy", False)))
 
 
 def _replica_states(app: object) -> list[tuple[str, Any]]:
@@ -181,6 +190,11 @@ def _check_config(args: argparse.Namespace) -> int:
         return 2
     pools = ", ".join(f"{n} ({p.role}, {_replicas_said(p)})" for n, p in cfg.pools.items())
     print(f"ok: {len(cfg.models)} model(s), pools: {pools}, {len(cfg.tenants)} tenant(s)")
+    if args.probe:  # what each replica publishes, what the config overrides, what disagrees
+        from app.engine_report import probe
+
+        for line in asyncio.run(probe(cfg)):
+            print(line)
     return 0
 
 
@@ -268,6 +282,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file; exit 2 with every problem")
     check.add_argument("path", nargs="?")
+    check.add_argument("--probe", action="store_true",
+                       help="also probe every replica: what it publishes, what the config overrides or contradicts")
     check.set_defaults(func=_check_config)
 
     for name in LAB_COMMANDS:

@@ -89,6 +89,12 @@ class RouteDecision:
     target: PickedReplica | None = None  # set by pick (a ReplicaState); None only in records built outside routing
     cached_tokens: int | None = None  # prompt tokens the replica is predicted to reuse (kv_events)
     load_stamp: str | None = None  # which shared load snapshot decided, when routing.peer_load.route_header is on
+    session: str | None = None  # what named the session that decided (header, prompt_cache_key, metadata, history)
+
+    def suffix(self) -> str:
+        """The route header's tail: which session key decided, which load snapshot."""
+        out = f";session={self.session}" if self.session else ""
+        return out + (f";{self.load_stamp}" if self.load_stamp else "")
 
 
 @dataclass(slots=True)
@@ -104,6 +110,8 @@ class Admission:
     degraded: LimitReason | None = None  # over a limit, served degraded (bulk, capped max_tokens)
     # The post-pick correction of tokens_reserved still on its way to the store (settle waits for it).
     correction: asyncio.Task[None] | None = None
+    # A stream's lease renewal (a stream may outlive the lease): cancelled by settle.
+    renewal: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -156,6 +164,7 @@ class RequestContext:
     queue_ticket: Ticket | None = None
     # Reads back the assistant message the client got, once it was sent (reply learning, app/kvcache/replies).
     reply: Callable[[], dict[str, Any] | None] | None = None
+    client: str = ""  # the client's address: its share of the upstream failure budget (app/failure_budget.py)
 
     @property
     def operation(self) -> Operation:

@@ -19,15 +19,19 @@ from typing import cast
 import orjson
 
 from app.admission.step import fair_priority
+from app.attribution import Attribution
 from app.config import GatewayConfig, ModelConfig
 from app.context import RequestContext, RouteDecision
-from app.errors import GatewayError, bad_request
+from app.errors import GatewayError, UpstreamStatusError, bad_request, upstream_timeout
+from app.failure_budget import FailureBudget
 from app.kvcache.replies import assistant_message
 from app.relay import Continued, StreamRelay
+from app.routing.hang import HangWatch
 from app.routing.lease import Lease
 from app.routing.load_report import LOAD_REPORT_PATHS, REQUEST_HEADER, parse_load_report
 from app.routing.pick import pick
 from app.routing.retry import backoff_s
+from app.routing.session_key import SessionKey, session_key
 from app.routing.state import ClusterState, ReplicaState
 from app.surfaces.migration import Delivered, Migration
 from app.upstream import Transport, UpstreamResponse, forward_headers
@@ -68,27 +72,55 @@ class Dispatcher:
         self._rng = rng or random.Random()
         self._sleep = sleep
         self._clock = clock  # the scraper's clock: in-band reports and scrapes are ordered on it
+        self.failures = FailureBudget(cfg.upstream.failure_budget, clock)
+        self._hangs = HangWatch(cfg.upstream.idle_timeout_s)
         # Per pool: the load-report format to ask for, None where the pool turned it off.
         self._ask_load = {
             name: pool.load_report.format if pool.load_report.enabled else None for name, pool in cfg.pools.items()
         }
 
+    def _session(self, ctx: RequestContext) -> SessionKey | None:
+        """The request's session (app/routing/session_key.py), salted as its routing key is."""
+        settings = self.cfg.routing.sessions
+        if not settings.enabled:
+            return None
+        salt = ctx.cache_salt or (ctx.tenant.id if ctx.tenant is not None else "")
+        return session_key(ctx.headers, ctx.body, ctx.prompt, salt, history=settings.history)
+
     async def run(self, ctx: RequestContext, model: ModelConfig, key: int) -> Complete | StreamRelay:
         """Send the request, failing over before the first byte; raises the last GatewayError when none answer."""
-        assert ctx.route_class is not None
         retries = self.cfg.upstream.retries
+        if ctx.pinned is not None:
+            retries = 0  # the state lives on that one replica: nowhere else to fail over to
+        self.failures.check(ctx.tenant_id, ctx.client)
+        blame = Attribution()
+        try:
+            return await self._attempts(ctx, model, key, retries, blame)
+        except UpstreamStatusError:
+            self.failures.charge(ctx.tenant_id, ctx.client)  # no replica served it: the caller pays one
+            raise
+        finally:
+            blame.abandon()
+
+    async def _attempts(
+        self, ctx: RequestContext, model: ModelConfig, key: int, retries: int, blame: Attribution
+    ) -> Complete | StreamRelay:
+        assert ctx.route_class is not None
         backoff = self.cfg.upstream.backoff
         tried: set[str] = set()
         last: GatewayError | None = None
-        if ctx.pinned is not None:
-            retries = 0  # the state lives on that one replica: nowhere else to fail over to
+        # A stream's bytes come steadily: silence this long is a hung replica. A whole body comes at the end.
+        idle_s = self.cfg.upstream.idle_timeout_s if ctx.stream else None
+        session = self._session(ctx) if ctx.pinned is None else None
         for attempt in range(1, retries + 2):
             try:
                 route = self._pinned(ctx) if ctx.pinned is not None else pick(
                     model=model, decision=ctx.route_class, key=key, cluster=self.cluster,
                     cfg=self.cfg.routing, exclude=frozenset(tried), body=ctx.body, blocks=ctx.blocks,
+                    session=session,
                 )  # fmt: skip
             except GatewayError as err:
+                blame.exhausted()
                 raise (last or err) from None
             ctx.route = route
             self._on_pick(ctx)  # cost before the call: the route's predicted cache hit is known from here on
@@ -109,12 +141,15 @@ class Dispatcher:
             lease = Lease(replica)
             try:
                 ctx.timing.upstream_start = time.perf_counter()
-                resp = await self.transport.send(route.replica, ctx.path, payload, headers)
+                resp = await self._send(replica, ctx.path, payload, headers, idle_s)
             except GatewayError as err:
-                lease.fail(err.failure or "connect")
                 tried.add(route.replica)
                 last = err
                 ctx.error_type = err.code
+                if blame.failed(lease, err):  # the same 5xx twice: this body fails everywhere
+                    assert isinstance(err, UpstreamStatusError)
+                    self.failures.charge(ctx.tenant_id, ctx.client)
+                    return self._repeated(ctx, err)
                 if attempt <= retries:
                     await self._sleep(backoff_s(attempt, self._rng, base_s=backoff.base_s, cap_s=backoff.cap_s))
                 continue
@@ -122,7 +157,9 @@ class Dispatcher:
                 lease.release()
                 raise
             ctx.error_type = None
-            if ctx.stream and resp.status == 200:
+            blame.answered(resp.status)
+            # A stream the engine answered in JSON (a path that never streams) is relayed whole, not waited on.
+            if ctx.stream and resp.status == 200 and not resp.content_type.startswith("application/json"):
                 self._note_load(replica, resp)  # vLLM 0.32 sends none on streams; a later one may
                 return StreamRelay(
                     ctx, resp, lease, ctx.surface.stream_observer(ctx, served),
@@ -142,8 +179,38 @@ class Dispatcher:
                 lease.succeed()
             self._note_load(replica, resp)
             return self._complete(ctx, resp, body, served)
+        blame.exhausted()
         assert last is not None
         raise last
+
+    async def _send(
+        self, replica: ReplicaState, path: str, payload: bytes, headers: dict[str, str], idle_s: float | None
+    ) -> UpstreamResponse:
+        """The transport's send; a stream's silence is bounded by idle_s, a whole body's wait by the replica's
+        health (app/routing/hang.py): a hung replica's attempt ends as a timeout, and is retried."""
+        if idle_s is not None:
+            return await self.transport.send(replica.url, path, payload, headers, idle_s=idle_s)
+        task = self._hangs.enter(replica)
+        try:
+            resp = await self.transport.send(replica.url, path, payload, headers)
+        except asyncio.CancelledError:
+            if not self._hangs.leave(task) or task is None:
+                raise
+            task.uncancel()
+            raise upstream_timeout(f"upstream {replica.url} stopped answering its probes during the request") from None
+        except BaseException:
+            self._hangs.leave(task)
+            raise
+        self._hangs.leave(task)
+        return resp
+
+    def _repeated(self, ctx: RequestContext, err: UpstreamStatusError) -> Complete:
+        """The answer to a body two replicas failed the same way: the engine's status and error, in the API's
+        envelope (it would fail the same way on every other replica)."""
+        ctx.error_type = "upstream_repeated_failure"
+        ctx.timing.end = time.perf_counter()
+        body = ctx.surface.upstream_error(err.upstream_status, err.upstream_body)
+        return Complete(err.upstream_status, body, "application/json")
 
     async def _migrate(self, ctx: RequestContext, migration: Migration, got: Delivered) -> Continued | None:
         """Continue a cut stream on another replica (the surface's migration); None when none takes it."""
@@ -166,7 +233,8 @@ class Dispatcher:
         lease = Lease(cast(ReplicaState, route.target))  # pick set a ReplicaState
         try:
             payload = orjson.dumps(resend.body)
-            resp = await self.transport.send(route.replica, resend.path, payload, forward_headers(ctx.request_id))
+            resp = await self.transport.send(route.replica, resend.path, payload, forward_headers(ctx.request_id),
+                                             idle_s=self.cfg.upstream.idle_timeout_s)
         except GatewayError as err:
             lease.fail(err.failure or "connect")
             ctx.migration_outcomes.append("failed")

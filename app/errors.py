@@ -86,12 +86,22 @@ def upstream_unreachable(message: str, failure: FailureKind = "connect") -> Gate
     return GatewayError(502, message, type="upstream_error", code="upstream_unreachable", failure=failure)
 
 
-def upstream_status(replica: str, status: int) -> GatewayError:
-    """502: the upstream answered with a 5xx."""
-    return GatewayError(
-        502, f"upstream {replica} answered {status}", type="upstream_error", code="upstream_error",
-        headers={UPSTREAM_STATUS: str(status)}, failure="status_5xx",
-    )  # fmt: skip
+class UpstreamStatusError(GatewayError):
+    """502 for a 5xx head, with the upstream's status and body: the dispatcher compares them across replicas to
+    tell a replica that fails from a body that fails everywhere (app/attribution.py), and answers with them."""
+
+    def __init__(self, replica: str, status: int, body: bytes) -> None:
+        super().__init__(
+            502, f"upstream {replica} answered {status}", type="upstream_error", code="upstream_error",
+            headers={UPSTREAM_STATUS: str(status)}, failure="status_5xx",
+        )  # fmt: skip
+        self.upstream_status = status
+        self.upstream_body = body
+
+
+def upstream_status(replica: str, status: int, body: bytes = b"") -> UpstreamStatusError:
+    """502: the upstream answered with a 5xx (its body kept, up to what the transport read)."""
+    return UpstreamStatusError(replica, status, body)
 
 
 def upstream_timeout(message: str) -> GatewayError:

@@ -20,7 +20,8 @@ from app.call_estimate import CallPricing
 from app.config import GatewayConfig
 from app.dispatch import Dispatcher
 from app.hooks import Hooks, PathHook
-from app.kvcache.build import block_hashers, event_sources, kv_hub
+from app.kvcache.build import event_sources, kv_hub
+from app.kvcache.hashers import BlockHashers
 from app.kvcache.hook import BlockHashing
 from app.kvcache.metrics import register_kv_metrics
 from app.kvcache.replies import ReplyLearner
@@ -33,6 +34,7 @@ from app.prewarm.memory import PrefixMemory
 from app.prewarm.warmer import Prewarmer
 from app.reply import Reply
 from app.routing.discovery import Discoverer
+from app.routing.engine_read import Disagreements
 from app.routing.peer_load import PeerLoad
 from app.routing.replica_metrics import register_replica_metrics
 from app.routing.response_affinity import ResponseRoutes
@@ -89,7 +91,9 @@ class Gateway:
         self.admission = (
             FairAdmission(self.queues, lambda: self.cluster, cfg.routing, self.telemetry) if self.queues else None
         )
-        self.blocks = BlockHashing(block_hashers(cfg)) if self.kv_hub is not None else None
+        self.disagreements = Disagreements()  # config vs what the replicas publish (app/routing/engine_read.py)
+        hashers = BlockHashers(cfg, self.kv_hub, lambda: self.cluster, self.disagreements)
+        self.blocks = BlockHashing(hashers) if self.kv_hub is not None else None
         self.replies = self.blocks.replies if self.blocks is not None else ReplyLearner({})
         self.hooks = Hooks.of(self._hooks())
         self._background: list[asyncio.Task[Any]] = []
@@ -119,6 +123,7 @@ class Gateway:
             self.cluster, self.session, self.cfg.routing,
             on_scrape=self.admission.on_scrape if self.admission is not None else None,
             on_health=self.prewarmer.on_health if self.prewarmer is not None else None,
+            disagreements=self.disagreements,
         )  # fmt: skip
         await self.registry.load()
         if self.shared_learning is not None:  # before serving: a new replica starts with what others learned
@@ -127,7 +132,7 @@ class Gateway:
         if self.prewarmer is not None:
             await self.prewarmer.start()
         await self.scraper.start()
-        register_replica_metrics(self.telemetry.meter, lambda: self.cluster)
+        register_replica_metrics(self.telemetry.meter, lambda: self.cluster, self.disagreements)
         if self.peer_load is not None:
             self._spawn(self.peer_load.run(), "kvgate-peer-load")
         if self.discoverer is not None:

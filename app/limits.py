@@ -178,6 +178,8 @@ class Limiter:
             return admission
         admission.lease_taken = result.lease_taken
         admission.tokens_reserved = result.tokens_reserved
+        if result.lease_taken and ctx.stream:  # a stream lives as long as it keeps sending: so does its lease
+            admission.renewal = asyncio.create_task(self._renew(admission), name="kvgate-lease-renewal")
         if result.admitted or result.reason is None:
             return admission
         if not degrade:
@@ -215,8 +217,25 @@ class Limiter:
             if not isinstance(err, StoreUnavailable):
                 log.exception("moving the TPM reservation of %s failed", admission.tenant_id)
 
+    async def _renew(self, admission: Admission) -> None:
+        """Push the lease's expiry out every third of its life until settle cancels this (or it is lost)."""
+        every = self._lease_s / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                held = await self._store.renew_lease(admission.tenant_id, admission.lease_id, self._lease_s)
+            except StoreUnavailable:
+                continue  # the next round may reach it; meanwhile the lease stands until it expires
+            except Exception:
+                log.exception("renewing the lease of %s failed", admission.tenant_id)
+                return
+            if not held:
+                return
+
     async def settle(self, ctx: RequestContext, admission: Admission) -> None:
         """Release the slot, reconcile TPM with actual usage, record spend. Never raises."""
+        if admission.renewal is not None:
+            admission.renewal.cancel()
         try:
             if admission.correction is not None:
                 await admission.correction  # never raises: tokens_reserved is what the window holds

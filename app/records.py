@@ -55,10 +55,12 @@ class CallEstimate:
 
 @dataclass(frozen=True, slots=True)
 class PromptBlocks:
-    """A request's prompt length in tokens and its block hashes (ints, as vLLM's KV events publish them)."""
+    """A request's prompt length in tokens and its block hashes (ints, as vLLM's KV events publish them), hashed
+    in blocks of `block_size` tokens (the replicas' own: app/kvcache/hashers.py)."""
 
     n_tokens: int
     hashes: list[int]
+    block_size: int = 16
 
 
 class PickedReplica(Protocol):

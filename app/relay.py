@@ -137,8 +137,9 @@ class StreamRelay:
         chunks = migration.delivered(journal).chunks if journal and migration else self.observer.delivered
         if chunks or ctx.upstream_called:
             est = ctx.call_estimate
-            ctx.usage.prompt_tokens = est.prompt_tokens if est is not None else ctx.estimated_input_tokens
-            ctx.usage.cached_tokens = est.cached_tokens if est is not None else 0
+            if not ctx.usage.prompt_tokens:  # a stream that stated its prompt first (message_start) keeps it
+                ctx.usage.prompt_tokens = est.prompt_tokens if est is not None else ctx.estimated_input_tokens
+                ctx.usage.cached_tokens = est.cached_tokens if est is not None else 0
             ctx.usage.completion_tokens = chunks
             ctx.usage.reported = True
             ctx.usage_estimated = True

@@ -37,7 +37,7 @@ def gateway_headers(ctx: RequestContext) -> dict[str, str]:
             route += f";cached={r.cached_tokens}"
         if r.runner_up is not None:
             route += f";runner_up={r.runner_up}"
-        headers[ROUTE] = route + route_suffix(ctx.queue_ticket) + (f";{r.load_stamp}" if r.load_stamp else "")
+        headers[ROUTE] = route + route_suffix(ctx.queue_ticket) + r.suffix()
     if ctx.normalize_report is not None:
         headers[NORMALIZED] = ctx.normalize_report.header()
     if ctx.limit_notes:

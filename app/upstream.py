@@ -17,6 +17,9 @@ from app.config import UpstreamConfig
 from app.errors import GatewayError, upstream_status, upstream_timeout, upstream_unreachable
 from app.routing.load_report import RESPONSE_HEADER
 
+# What is kept of a 5xx body: enough for the engine's error envelope (compared across replicas, answered).
+ERROR_BODY_BYTES = 4096
+
 
 def create_session(cfg: UpstreamConfig) -> aiohttp.ClientSession:
     """One pooled client session for all replicas; timeouts per the config."""
@@ -60,9 +63,12 @@ class UpstreamResponse(Protocol):
 class Transport(Protocol):
     """Sends one request to one replica and waits for the response head."""
 
-    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+    async def send(
+        self, replica: str, path: str, payload: bytes, headers: Mapping[str, str], *, idle_s: float | None = None
+    ) -> UpstreamResponse:
         """POST payload to replica+path; GatewayError (failure kind set) before any byte of a head arrives,
-        or for a 5xx head (read and released here: nothing of it reaches the client)."""
+        or for a 5xx head (read and released here: nothing of it reaches the client). `idle_s`: the longest
+        silence allowed on the socket (head and every read after it), instead of upstream.read_timeout_s."""
         ...
 
 
@@ -109,18 +115,30 @@ class AiohttpTransport:
 
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
-    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+    async def send(
+        self, replica: str, path: str, payload: bytes, headers: Mapping[str, str], *, idle_s: float | None = None
+    ) -> UpstreamResponse:
         """POST and wait for the head; 5xx heads and transport errors become GatewayErrors."""
+        # aiohttp's sock_read restarts with every read and pauses while the gateway stops reading (a slow
+        # client): it is exactly "the replica sent nothing for idle_s".
+        timeout = self._timeouts.get(idle_s) if idle_s is not None else None
+        if idle_s is not None and timeout is None:
+            base = self.session.timeout
+            timeout = self._timeouts[idle_s] = aiohttp.ClientTimeout(sock_connect=base.sock_connect, sock_read=idle_s)
         try:
-            resp = await self.session.post(replica + path, data=payload, headers=dict(headers))
+            resp = await self.session.post(replica + path, data=payload, headers=dict(headers),
+                                           timeout=timeout or self.session.timeout)  # fmt: skip
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             raise transport_error(err, replica) from err
         if resp.status >= 500:
+            body = b""
             with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-                await resp.read()
-            resp.release()
-            raise upstream_status(replica, resp.status)
+                small = resp.content_length is not None and resp.content_length <= ERROR_BODY_BYTES
+                body = await (resp.read() if small else resp.content.read(ERROR_BODY_BYTES))
+            resp.release()  # a body left unread closes the connection instead of pooling it
+            raise upstream_status(replica, resp.status, body)
         return _AiohttpResponse(resp, replica)
 
 

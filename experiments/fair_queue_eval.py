@@ -18,6 +18,8 @@ and a `kvgate serve` in front of them (one bulk pool, tenants light and heavy) a
   alone / no_queue      the pool as today (admission off)
   priority              the pool has priority_scheduling, sims --scheduling-policy priority, the light tenant's
                         default_class is interactive (priority 0) and the heavy one's bulk (10)
+  default               the pool without an admission key (the queue is on by default with two tenants);
+                        every other arm but fair_queue* runs with admission: {enabled: false}
   fair_queue            pools.bulk.admission enabled (--reserve slots per replica)
   fair_queue_priority   fair_queue on priority-scheduling sims: the queue releases in fair order and a request
                         started over its tenant's fair share is sent with a lower priority (10 -> 15)
@@ -509,11 +511,15 @@ GATEWAY_KEYS = {LIGHT: "sk-fair-light", HEAVY: "sk-fair-heavy"}
 def arm_gateway_config(args: argparse.Namespace, name: str, urls: Sequence[str]) -> dict[str, object]:
     """The gateway in front of one arm's sims: one bulk pool; admission and priority as the arm says."""
     ts = args.time_scale
-    priority = "priority" in name
+    priority = "priority" in name or (name == "default" and args.sim_priority)
     pool: dict[str, object] = {"role": "bulk", "replicas": list(urls), "policy": "least_load",
                                "max_num_seqs": args.max_num_seqs, "priority_scheduling": priority}  # fmt: skip
     if "fair_queue" in name:
         pool["admission"] = queue_config(args, name).model_dump()
+    elif name == "default":  # the same pool without an admission key: the queue is on by default (two tenants)
+        pass
+    else:  # the other arms measure the engine without the gateway's queue
+        pool["admission"] = {"enabled": False}
     # Only the priority-alone arm tells vLLM who is light (the operator must know in advance).
     light_class = "interactive" if name == "priority" else "bulk"
     tenants = [{"id": LIGHT, "api_keys": [GATEWAY_KEYS[LIGHT]], "default_class": light_class},
@@ -533,7 +539,7 @@ async def via_gateway(args: argparse.Namespace) -> None:
     results: list[ArmResult] = []
     for name in args.arms.split(","):
         lr, hr = arm_rates(args, name)
-        sims = sims_for(args, name, "priority" in name, log_dir)
+        sims = sims_for(args, name, "priority" in name or args.sim_priority, log_dir)
         gw: Proc | None = None
         try:
             for s in sims:
@@ -593,6 +599,8 @@ def main() -> None:
                    help="run the sims with --step-trace and write each arm's records and step traces to DIR "
                         "(read them with experiments/fair_queue_replay.py)")
     p.add_argument("--via-gateway", action="store_true", help="every arm through a kvgate serve in front of the sims")
+    p.add_argument("--sim-priority", action="store_true",
+                   help="every arm's sims run --scheduling-policy priority (and arm default's pool says so)")
     args = p.parse_args()
     if math.isclose(args.time_scale, 0):
         p.error("--time-scale must be > 0")

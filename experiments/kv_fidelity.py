@@ -7,7 +7,9 @@ vLLM reports what it did reuse (`usage.prompt_tokens_details.cached_tokens`). Th
 with normalization on and off (one tenant each, so their salts keep the caches apart).
 
 Needs the two servers of `scripts/vllm-cpu.sh up` (events on :5557/:5567, replay :5558/:5568, topic kv,
---prefix-caching-hash-algo sha256_cbor, block size 128) and the converted model folder for the tokenizer.
+--prefix-caching-hash-algo sha256_cbor, block size 128) and the converted model folder for the tokenizer. The
+config names no block size or hash algorithm: the gateway reads both from the replicas (their KV events and
+`vllm:cache_config_info`).
 
     .venv/bin/python experiments/kv_fidelity.py [--sessions 6] [--turns 4]
 """
@@ -15,6 +17,7 @@ Needs the two servers of `scripts/vllm-cpu.sh up` (events on :5557/:5567, replay
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -26,10 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.procs import MODEL, gateway_config, gateway_proc, reset_prefix_cache
 
 FOLDER = Path.home() / ".cache/kvgate/models/smollm2-135m"
-SERVERS = {
-    "fast": ("http://127.0.0.1:8001", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"),
-    "bulk": ("http://127.0.0.1:8002", "tcp://127.0.0.1:5567", "tcp://127.0.0.1:5568"),
-}
+
+
+def _server(pool: str, http: str, pub: str, replay: str) -> tuple[str, str, str]:
+    """(url, events, replay) of one of scripts/vllm-cpu.sh's servers, under the same port overrides."""
+    env = os.environ.get
+    return (f"http://127.0.0.1:{env(f'KVGATE_{pool}_PORT', http)}",
+            f"tcp://127.0.0.1:{env(f'KVGATE_{pool}_KV_PORT', pub)}",
+            f"tcp://127.0.0.1:{env(f'KVGATE_{pool}_KV_REPLAY_PORT', replay)}")  # fmt: skip
+
+
+SERVERS = {"fast": _server("FAST", "8001", "5557", "5558"), "bulk": _server("BULK", "8002", "5567", "5568")}
 SYSTEM = "You are a careful coding agent working in a large repository. " + " ".join(
     f"Rule {i}: read the module before changing it, keep the change small, and run its tests." for i in range(40)
 )
@@ -61,7 +71,7 @@ def main() -> int:
     pools = {
         name: {"role": "interactive" if name == "fast" else "bulk",
                "replicas": [{"url": url, "kv_events": pub, "kv_replay": replay, "kv_topic": "kv"}],
-               "tokenizer": str(FOLDER), "policy": {"type": "kv_events", "block_size": 128}}
+               "tokenizer": str(FOLDER), "policy": "kv_events"}
         for name, (url, pub, replay) in SERVERS.items()
     }  # fmt: skip
     tenants = [
@@ -92,6 +102,9 @@ def main() -> int:
                         agree += 1
                     else:
                         misses.append((int(route["cached"]), actual))
+                # One line per request as it comes: a slow machine's partial run still says what it saw.
+                print(f"  {arm} #{total}: predicted {route.get('cached', '-')}, vLLM cached {actual}, "
+                      f"pool {route.get('pool')}, pick {route.get('pick')}", flush=True)
                 time.sleep(args.pause_s)
             rows.append((arm, total, predicted, agree, cached_sum, misses[:5]))
     finally:

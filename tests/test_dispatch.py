@@ -35,7 +35,7 @@ class FakeResponse:
     def __init__(self, status: int = 200, body: bytes = OK_BODY, chunks: list[bytes] | None = None,
                  fail_after: int | None = None, load_report: str | None = None) -> None:  # fmt: skip
         self.status = status
-        self.content_type = "application/json"
+        self.content_type = "text/event-stream; charset=utf-8" if chunks is not None else "application/json"
         self.load_report = load_report
         self._body = body
         self._chunks = chunks or []
@@ -68,7 +68,7 @@ class FakeTransport:
         self.sent: list[str] = []
         self.headers: list[Mapping[str, str]] = []
 
-    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str]) -> Any:
+    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str], **_: Any) -> Any:
         self.sent.append(replica)
         self.headers.append(dict(headers))
         outcome = self.script[replica].pop(0)

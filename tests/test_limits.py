@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -247,3 +248,29 @@ def test_limit_spec_budget_is_integer_micro_dollars() -> None:
     assert limit_spec(LimitsConfig(monthly_budget_usd=12.345678), 60) == LimitSpec(
         budget_micros=12_345_678, lease_s=60
     )
+
+
+# -- leases of long streams ----------------------------------------------------------------------
+async def test_a_stream_longer_than_its_lease_still_holds_its_concurrency_slot(any_store: Store) -> None:
+    lease_s = 1.5  # renewed every 0.5 s; a whole lease (1.5 s) of loop lag would be needed to lose it
+    lim = Limiter(any_store, TenantRegistry(config(acme_limits={"concurrent": 1}), any_store), "open",
+                  lease_s=lease_s)  # fmt: skip
+    stream = make_ctx(body=chat(stream=True))
+    stream.stream = True
+    admission = await lim.admit(stream)
+    await asyncio.sleep(3 * lease_s)
+    with pytest.raises(GatewayError) as err:
+        await lim.admit(make_ctx())
+    assert error_of(err.value)["code"] == "rate_limit_exceeded"
+    await lim.settle(stream, admission)
+    await lim.settle(second := make_ctx(), await lim.admit(second))
+
+
+async def test_renew_lease_moves_a_held_lease_and_refuses_a_released_one(any_store: Store) -> None:
+    spec = LimitSpec(rpm=None, tpm=None, concurrent=1, budget_micros=None, lease_s=60)
+    result = await any_store.admit("acme", spec, 1, "lease-1", "2026-12", False)
+    assert result.lease_taken
+    assert await any_store.renew_lease("acme", "lease-1", 60)
+    await any_store.settle(Release("acme", "lease-1", None, 0, 60.0), None)
+    assert not await any_store.renew_lease("acme", "lease-1", 60)
+    assert not await any_store.renew_lease("nobody", "lease-1", 60)

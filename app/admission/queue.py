@@ -17,6 +17,7 @@ service share per tenant, rejections.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -25,6 +26,7 @@ from app.admission.limit import learn_capacity, next_limit
 from app.admission.pace import EventRate, demand_reserve, pace_gap_s
 from app.admission.prefill import PrefillGate
 from app.admission.saturation import ReplicaLoad, Saturation, assess
+from app.admission.tenants import ActiveTenants
 from app.admission.vtc import Entry, VirtualTokenCounter
 from app.config.admission import AdmissionConfig, RouteClass
 from app.queue_ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
@@ -91,6 +93,8 @@ class AdmissionQueue:
         self._pace_timer: object | None = None
         self._pace_due = 0.0  # when the latest armed pace timer fires
         self._prefills = PrefillGate(cfg.first_token_hold_s)  # watched over-share starts without a first token
+        # enabled unset: fair only while more than one tenant is served (app.admission.tenants)
+        self._tenants = ActiveTenants(cfg.tenant_window_s) if cfg.enabled is None else None
         # --- metrics and state, read-only for others ---
         self.in_flight = 0  # tickets granted and not released
         self.in_flight_tokens = 0  # their predicted tokens
@@ -124,7 +128,8 @@ class AdmissionQueue:
     def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, *,
                   watch_first_token: bool = False) -> Ticket | None:  # fmt: skip
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
-        if not self.cfg.enabled:
+        tenants = self._tenants  # None unless enabled is unset: then a pass-through while one tenant is served
+        if self.cfg.enabled is False or (tenants is not None and not tenants.arrived(tenant, self._clock())):
             return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
         if self.limit is None and self.capacity is not None and self.in_flight >= self.capacity:
             # The engines hold no more: another request would wait in their first-come first-served queue
@@ -156,7 +161,9 @@ class AdmissionQueue:
         """Re-assess saturation from the pool's replicas in rotation (call after each scrape); may release waiters."""
         sat = assess(replicas, self.cfg, self.in_flight_tokens)
         self.saturation = sat
-        if self.cfg.enabled:
+        if self._tenants is not None:
+            self._tenants.prune(self._clock())
+        if self.cfg.enabled is not False:
             self.capacity = learn_capacity(self.capacity, sat)
             self.limit = next_limit(self.limit, self.in_flight, len(self._sched), sat, self.cfg, self.capacity)
             self.reserve = self._demand_reserve(sat.replicas)
@@ -199,8 +206,12 @@ class AdmissionQueue:
     # ---------------------------------------------------------------------------------------------- inside
     def _demand_reserve(self, replicas: int) -> int:
         cfg, now, n = self.cfg, self._clock(), max(1, replicas)
+        # Never more than a fraction of the cap: on a pool of 4 slots a reserve of 4 left the flood one slot.
+        ceiling = cfg.reserve_max_per_replica * n
+        if self.limit is not None:
+            ceiling = min(ceiling, math.ceil(self.limit * cfg.reserve_max_fraction))
         return demand_reserve(self._under_arrivals.per_s(now), self._releases.per_s(now), cfg.reserve_miss,
-                              cfg.reserve_per_replica * n, cfg.reserve_max_per_replica * n)  # fmt: skip
+                              cfg.reserve_per_replica * n, ceiling)  # fmt: skip
 
     def _room(self, tenant: str, tokens: int) -> bool:
         limit = self.limit
@@ -217,12 +228,12 @@ class AdmissionQueue:
         return cap is None or self.in_flight == 0 or self.in_flight_tokens + tokens <= cap
 
     def _under_share(self, tenant: str, limit: int) -> bool:
-        """Fewer slots than its weighted share of `limit`, counting one more tenant than those active (requests
-        out or waiting): the reserve is for whoever is not using its share yet, even a flood's only neighbour."""
+        """Fewer slots than its weighted share of `limit` among the tenants active (requests out or waiting), one
+        more counted while only one is: the reserve is then for whoever comes next, even a flood's only neighbour."""
         sched = self._sched
         active = set(self.tenant_in_flight).union(sched.backlogged())
         active.add(tenant)
-        total_w = sum(sched.weight(t) for t in active) + self.cfg.default_weight
+        total_w = sum(sched.weight(t) for t in active) + (self.cfg.default_weight if len(active) == 1 else 0.0)
         return self.tenant_in_flight.get(tenant, 0) * total_w < limit * sched.weight(tenant)
 
     def _over_share_held_until(self) -> float:
@@ -274,7 +285,7 @@ class AdmissionQueue:
         if delta == 0:
             return
         self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + delta
-        if self.cfg.enabled:
+        if self.cfg.enabled is not False:
             self._sched.charge(tenant, delta)
 
     def _enqueue(self, w: _Waiter) -> None:

@@ -21,8 +21,8 @@ QUEUE_REASON = "queue"  # x-kvgate-limit `rejected:queue`, and the limit label i
 
 
 def build_queues(admission: Mapping[str, AdmissionConfig]) -> dict[str, AdmissionQueue]:
-    """One queue per pool whose admission is enabled (the others have none: no step, no cost)."""
-    return {name: AdmissionQueue(cfg, pool=name) for name, cfg in admission.items() if cfg.enabled}
+    """One queue per pool whose admission is not off (off: no step, no cost); unset engages with a second tenant."""
+    return {name: AdmissionQueue(cfg, pool=name) for name, cfg in admission.items() if cfg.enabled is not False}
 
 
 def predicted_tokens(ctx: RequestContext) -> int:

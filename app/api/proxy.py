@@ -18,9 +18,10 @@ from starlette.types import Message, Receive, Scope, Send
 from app.api.parse import parse_request, request_id_from
 from app.errors import GatewayError, bad_request, too_large
 from app.gateway import Gateway
-from app.headers import REQUEST_ID
+from app.headers import API_KEY, REQUEST_ID
 from app.reply import Reply
 from app.surfaces import SURFACES, Surface
+from app.telemetry.rejections import log_rejection
 
 if TYPE_CHECKING:
     from app.api.server import ConnectionStats
@@ -42,6 +43,12 @@ def internal_error(request_id: str) -> GatewayError:
 def too_deep() -> GatewayError:
     """400: orjson reads documents up to 1024 levels deep but writes only 255; the gateway must write bodies."""
     return bad_request("The request body is nested too deeply.", code="invalid_json")
+
+
+def cut_at_drain() -> GatewayError:
+    """503: the gateway is shutting down and its drain time ran out before this request finished."""
+    return GatewayError(503, "The gateway shut down before this request finished; retry it.",
+                        type="service_unavailable", code="shutting_down", headers={"connection": "close"})  # fmt: skip
 
 
 def body_timeout(seconds: float) -> GatewayError:
@@ -115,6 +122,7 @@ class InferenceEndpoint:
         surface = SURFACES[scope["path"]]
         if scope["method"] != "POST":
             err = GatewayError(405, f"Method {scope['method']} not allowed; use POST.", code="method_not_allowed")
+            log_rejection(scope["path"], err.status, err.reason, None)
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         listen = gateway.cfg.listen
@@ -124,6 +132,7 @@ class InferenceEndpoint:
         except GatewayError as err:
             if err.status == 408 and self._stats is not None:
                 self._stats.timed_out("body")
+            log_rejection(scope["path"], err.status, err.reason, await _tenant_id(gateway, headers))
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         except asyncio.CancelledError:
@@ -136,6 +145,7 @@ class InferenceEndpoint:
             await send_reply(send, _plain_error(surface, internal_error(request_id), request_id), lambda: None)
             return
         ctx.timing.start = started
+        ctx.client = scope["client"][0] if scope.get("client") else ""
 
         main = asyncio.current_task()
         cancelled = False
@@ -153,11 +163,18 @@ class InferenceEndpoint:
         watcher = asyncio.create_task(watch_disconnect())
         try:
             reply = await gateway.handle(ctx)
+            if not ctx.upstream_called:  # a replica's own 4xx is relayed, not the gateway's to report
+                log_rejection(ctx.path, reply.status, ctx.error_type, ctx.tenant.id if ctx.tenant else None)
             await send_reply(
                 send, reply, lambda: state.__setitem__("done", True), lambda: state.__setitem__("started", True)
             )
         except asyncio.CancelledError:
             if not state["disconnected"]:
+                # The server cut the request (the drain ran out): the client still gets a proper end.
+                ctx.error_type = ctx.error_type or "draining"
+                end = surface.stream_observer(ctx, ctx.model).ending(b"")  # the protocol's end marker ([DONE])
+                await _answer_failure(send, surface, request_id, cut_at_drain(), started=state["started"],
+                                      done=state["done"], end=end)  # fmt: skip
                 raise
             if main is not None:
                 main.uncancel()
@@ -182,17 +199,26 @@ class InferenceEndpoint:
 
 
 async def _answer_failure(
-    send: Send, surface: Surface, request_id: str, err: GatewayError, *, started: bool, done: bool
+    send: Send, surface: Surface, request_id: str, err: GatewayError, *, started: bool, done: bool, end: bytes = b""
 ) -> None:
     """The error in the envelope, or the surface's error event to end a stream already under way."""
     try:
         if not started:
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
         elif not done:
-            await send({"type": "http.response.body", "body": surface.stream_error(err), "more_body": True})
+            await send({"type": "http.response.body", "body": surface.stream_error(err) + end, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
         pass  # the client is gone: nothing left to tell it
+
+
+async def _tenant_id(gateway: Gateway, headers: dict[str, str]) -> str | None:
+    """Who sent a body refused before the tenancy stage, for the log line (None: no valid key)."""
+    try:
+        tenant = await gateway.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
+    except GatewayError:
+        return None
+    return tenant.id
 
 
 def _plain_error(surface: Surface, err: GatewayError, request_id: str) -> Reply:

@@ -28,7 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app.config.models import Listen
 from app.errors import error_body
 
-Phase = Literal["header", "body"]
+Phase = Literal["header", "body", "write"]
 # The protocol's body timer fires this much after the endpoint's own deadline, which answers with a 408 first.
 BODY_BACKSTOP_S = 1.0
 
@@ -39,15 +39,19 @@ class ConnectionStats:
 
     header_timeouts: int = 0
     body_timeouts: int = 0
+    write_timeouts: int = 0
     refused: int = 0
     open: int = 0
 
     def timed_out(self, phase: Phase) -> None:
-        """Count one socket closed (or answered 408) because its headers or body came too late."""
+        """Count one socket closed (or answered 408) because its headers or body came too late, or because the
+        client stopped reading its response."""
         if phase == "header":
             self.header_timeouts += 1
-        else:
+        elif phase == "body":
             self.body_timeouts += 1
+        else:
+            self.write_timeouts += 1
 
 
 @dataclass(slots=True)
@@ -57,13 +61,15 @@ class ConnectionGuard:
     header_timeout_s: float
     body_timeout_s: float
     max_per_client: int
+    write_timeout_s: float = 30.0
     stats: ConnectionStats = field(default_factory=ConnectionStats)
     per_client: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_listen(cls, listen: Listen) -> ConnectionGuard:
         """The guard the `listen` section configures."""
-        return cls(listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client)
+        return cls(listen.header_timeout_s, listen.body_timeout_s, listen.max_connections_per_client,
+                   listen.write_timeout_s)  # fmt: skip
 
     def admit(self, peer: str) -> bool:
         """Take one connection slot of `peer`; False (and nothing taken) when it holds all of them."""
@@ -91,10 +97,12 @@ def register_connection_metrics(meter: Meter, stats: ConnectionStats) -> None:
     def timeouts(options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(stats.header_timeouts, {"phase": "header"})
         yield Observation(stats.body_timeouts, {"phase": "body"})
+        yield Observation(stats.write_timeouts, {"phase": "write"})
 
     meter.create_observable_counter(
         "gateway.connections.timed_out", [timeouts], "{connection}",
-        "Client connections closed (or answered 408) because headers or body did not arrive in time",
+        "Client connections closed (or answered 408) because headers or body did not arrive in time, or the "
+        "client did not read its response (phase write)",
     )  # fmt: skip
     meter.create_observable_counter(
         "gateway.connections.refused", [lambda o: [Observation(stats.refused)]], "{connection}",
@@ -139,8 +147,10 @@ class _GuardedBase(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
         self._peer: str | None = None
         self._got_bytes = False
+        self._queued_body = False  # a pipelined request whose body was not complete when it was queued
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection against its client address and start the header deadline."""
@@ -155,6 +165,7 @@ class _GuardedBase(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Give the client's slot back."""
         self._disarm()
+        self._write_resumed()
         if self._peer is not None:
             self.guard.leave(self._peer)
             self._peer = None
@@ -175,13 +186,50 @@ class _GuardedBase(HttpToolsProtocol):
         """Headers in time: the body is due next."""
         self._disarm()
         super().on_headers_complete()
-        if not self.pipeline:  # a queued (pipelined) request is not read until its turn: no deadline yet
+        if not self.pipeline:  # a queued (pipelined) request is not read until its turn: on_response_complete
             self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
+        else:
+            self._queued_body = True
 
     def on_message_complete(self) -> None:
         """The whole request arrived: no deadline while the app works (keep-alive idling is uvicorn's)."""
         self._disarm()
+        self._queued_body = False
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        """A response went out; a pipelined request whose body is still due starts its body deadline now."""
+        super().on_response_complete()
+        if self._queued_body and not self.pipeline and not self.transport.is_closing():
+            self._queued_body = False
+            self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
+
+    def pause_writing(self) -> None:
+        """The client stopped reading (the send buffer is over its high-water mark): its response is due to drain
+        within write_timeout_s, or the connection is cut (the app sees a disconnect: upstream aborted, slot freed)."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.guard.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        """The client reads again."""
+        super().resume_writing()
+        self._write_resumed()
+
+    def _write_resumed(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_expired(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        self.guard.stats.timed_out("write")
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()  # close() would wait for the buffer the client never reads
 
     def _arm(self, seconds: float, phase: Phase) -> None:
         self._disarm()

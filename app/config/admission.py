@@ -26,7 +26,15 @@ class ClassDeadlines(StrictModel):
 class AdmissionConfig(StrictModel):
     """Saturation thresholds, queue bounds, deadlines and tenant weights of one pool's admission queue."""
 
-    enabled: bool = Field(False, description="Put the fair admission queue in front of this pool.")
+    enabled: bool | None = Field(
+        None,
+        description="Fair admission in front of this pool. Unset (the default): on while the pool serves more "
+        "than one tenant (a request of each within tenant_window_s), a pass-through otherwise; true: always "
+        "on; false: off. It only ever holds requests while the pool is saturated.",
+    )
+    tenant_window_s: float = Field(
+        60.0, gt=0, description="With enabled unset: how long a tenant counts as served after its last request."
+    )
     max_waiting_per_replica: int = Field(4, ge=1, description=(
         "A replica is saturated when this many requests wait in its engine queue (vllm:num_requests_waiting, "
         "moved by the gateway's own sends since the scrape). A request that merely arrived between two engine "
@@ -46,6 +54,11 @@ class AdmissionConfig(StrictModel):
     reserve_max_per_replica: int = Field(4, ge=0, description="Upper bound of the reserve per replica.")
     reserve_miss: float = Field(0.005, gt=0, lt=1, description=(
         "Fraction of time an under-share request may find no reserved slot (sizes the reserve)."))
+    reserve_max_fraction: float = Field(
+        0.25, gt=0, le=1,
+        description="The reserve never exceeds this fraction of the pool's cap (rounded up): the flood keeps the "
+        "rest (on 4 slots: 1 reserved, 3 for the flood; on 64: reserve_max_per_replica decides).",
+    )  # fmt: skip
     pace_over_share: float = Field(2.0, ge=0, description=(
         "While capped, requests of tenants over their share start at most this many times as fast as slots free "
         "up, evenly spaced (0: off): the engine then never gets a burst of their prefills in one step."))

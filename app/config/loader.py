@@ -20,7 +20,6 @@ from pydantic import ValidationError
 from app.config.env import EnvValueError
 from app.config.models import (
     URL_RE,
-    BackoffConfig,
     BreakerSettings,
     GatewayConfig,
     Listen,
@@ -32,10 +31,10 @@ from app.config.models import (
     SpillSettings,
     StoreConfig,
     TelemetryConfig,
-    UpstreamConfig,
 )
 from app.config.tenants import AuthConfig, LimitsConfig, ReferencePrice, TenantConfig
 from app.config.types import NormalizeMode, RouteClassName
+from app.config.upstream import BackoffConfig, UpstreamConfig
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "defaults" / "local.yaml"  # config/local.yaml links here
 

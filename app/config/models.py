@@ -18,8 +18,10 @@ from app.config.load_report import LoadReportSettings
 from app.config.peer_load import PeerLoadSettings
 from app.config.policies import KvEventsParams, PolicySpec, PrefixAffinityParams, RoundRobinParams, policy_object
 from app.config.prewarm import PrewarmConfig
+from app.config.sessions import SessionSettings
 from app.config.tenants import AuthConfig, TenantConfig
 from app.config.types import RouteClassName, StrictModel
+from app.config.upstream import UpstreamConfig
 
 # What vLLM's speculative-decoding path refuses ("not yet supported with speculative decoding").
 SPECULATIVE_UNSUPPORTED = ("min_p", "logit_bias")
@@ -53,6 +55,9 @@ class Listen(StrictModel):
     drain_notice_s: float = Field(1.0, ge=0, description=(
         "On SIGTERM, /ready turns 503 and the listener stays open this much longer (load balancers see the "
         "readiness change), then stops accepting."))
+    write_timeout_s: float = Field(30.0, gt=0, description=(
+        "A response the client stops reading this long (send buffer full) is cut: the connection closed, the "
+        "upstream request aborted, its limit slot freed."))
     workers: int = Field(1, ge=1, le=64, description=(
         "Processes serving this port (SO_REUSEPORT); more than one needs a shared store (`store.url`)."))
 
@@ -167,8 +172,9 @@ class PoolConfig(StrictModel):
     tokenizer: str | None = Field(None, description=(
         "An HF-like folder (tokenizer.json, tokenizer_config.json with the chat template) for exact block hashes."))
     max_num_seqs: int | None = Field(None, ge=1, description=(
-        "vLLM's `--max-num-seqs`: requests beyond it queue in the engine, whatever the last scrape said; null: "
-        "what the engine publishes."))
+        "Override of the replicas' `--max-num-seqs` (requests beyond it queue in the engine, whatever the last "
+        "scrape said). Null: what a replica publishes (vllm:cache_config_info max_num_seqs, which vLLM 0.32 does "
+        "not publish: then unknown, and the admission queue learns it from full scrapes)."))
     policy: PolicySpec | None = Field(None, description=(
         "Routing policy: a name or `{type: <name>, ...parameters}` (below); null: `kv_events` where every replica "
         "declares its events and a `tokenizer` is named, else `prefix_affinity` (round robin for one replica)."))
@@ -179,13 +185,17 @@ class PoolConfig(StrictModel):
         "Time-to-first-token objective: when even the best replica's projected TTFT is above it, the pool counts "
         "as saturated (spill)."))
     speculative: bool = Field(False, description=(
-        "vLLM runs with a `--speculative-config` (draft or ngram): it refuses some sampling parameters."))
+        "Override: vLLM runs with a `--speculative-config` (it then refuses min_p and logit_bias, unless "
+        "unsupported_params says otherwise). Unset: each replica's /metrics says (vllm:spec_decode_* series), "
+        "and a speculating replica's pool refuses min_p and logit_bias; a contradiction is logged once."))
     unsupported_params: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
         default_factory=list, description=(
-            "Top-level request fields this pool cannot serve; a request that sets one goes to a pool of its model "
-            "that can. Default: `min_p`, `logit_bias` on a speculative pool, else none."))
+            "Top-level request fields this pool cannot serve, beyond what its engines' publishing implies; a "
+            "request that sets one goes to a pool of its model that can. With speculative set, exactly this list "
+            "(default: `min_p`, `logit_bias` on a speculative pool)."))
     admission: AdmissionConfig = Field(AdmissionConfig(), description=(
-        "The fair admission queue in front of this pool: engages only while the pool is saturated."))
+        "The fair admission queue in front of this pool: on by default while it serves more than one tenant; "
+        "engages only while the pool is saturated."))
     load_report: LoadReportSettings = Field(LoadReportSettings(), description="vLLM's in-band load header (ORCA).")
 
     _policy_object = field_validator("policy", mode="before")(classmethod(lambda cls, v: policy_object(v)))
@@ -233,27 +243,6 @@ class TelemetryConfig(StrictModel):
     metric_export_interval_s: float = Field(15, gt=0, description="Interval of the OTLP metric export.")
 
 
-class BackoffConfig(StrictModel):
-    """Between failover attempts: uniform in [0, min(cap_s, base_s * 2^(n-1))] (full jitter)."""
-
-    base_s: float = Field(0.05, ge=0, description="Backoff of the first retry.")
-    cap_s: float = Field(1.0, ge=0, description="Longest backoff.")
-
-
-class UpstreamConfig(StrictModel):
-    """Connections to the replicas: timeouts, sizes, retries."""
-
-    connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout to a replica.")
-    read_timeout_s: float = Field(300.0, gt=0, description="Longest wait for the next bytes of a replica's response.")
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
-    max_connections_per_replica: int = Field(512, ge=1, description="Connection pool size per replica.")
-    retries: int = Field(2, ge=0, le=5, description="Failover attempts on other replicas before the first byte.")
-    keepalive_timeout_s: float = Field(30.0, gt=0, description="An idle upstream connection is closed after this.")
-    backoff: BackoffConfig = Field(BackoffConfig(), description="Pause between failover attempts.")
-    max_migrations: int = Field(1, ge=0, le=3, description=(
-        "A chat stream whose replica fails midway continues on another replica this many times (0: never)."))
-
-
 class BreakerSettings(StrictModel):
     """Per-replica circuit breaker: open after `failures` in a row, cool down `open_s` (doubling to `max_open_s`)."""
 
@@ -299,6 +288,9 @@ class RoutingConfig(StrictModel):
     spill: SpillSettings = Field(SpillSettings(), description="When to spill to the other pool.")
     peer_load: PeerLoadSettings = Field(PeerLoadSettings(), description=(
         "Gateway processes sharing a store judge bounded load on one snapshot of all their requests."))
+    sessions: SessionSettings = Field(SessionSettings(), description=(
+        "A coding session stays on the replica that holds its history; new sessions balance the load "
+        "(prefix_affinity and kv_events pools)."))
     response_ttl_s: float = Field(3600.0, gt=0, description=(
         "How long a response id → replica mapping is kept (vLLM's stored responses live in its process)."))
     prewarm: PrewarmConfig = Field(PrewarmConfig(), description=(

@@ -16,10 +16,16 @@ DEFAULT_LOAD_BOUND = 1.25
 
 
 class KvEventsParams(StrictModel):
-    """`policy: {type: kv_events, block_size: 128, load_tokens: 512}`."""
+    """`policy: {type: kv_events, load_tokens: 512}` (block size and hash algorithm: what the replicas publish)."""
 
     type: Literal["kv_events"] = Field("kv_events", description="The policy's name.")
-    block_size: int = Field(16, ge=1, description="vLLM's `--block-size` (16 on GPUs; vLLM-CPU uses 128).")
+    block_size: int | None = Field(None, ge=1, description=(
+        "Override of vLLM's KV block size in tokens (16 on GPUs, 128 on vLLM-CPU). Unset: read per replica from "
+        "its BlockStored events and /metrics vllm:cache_config_info; a value that disagrees with them is logged "
+        "once and counted (gateway_engine_config_mismatches_total)."))
+    hash_algo: Literal["sha256", "sha256_cbor"] | None = Field(None, description=(
+        "Override of vLLM's --prefix-caching-hash-algo. Unset: read from /metrics vllm:cache_config_info "
+        "(prefix_caching_hash_algo), sha256_cbor while no replica has said."))
     load_tokens: int = Field(512, ge=0, description=(
         "Prefill-equivalent tokens one request waiting ahead in the engine's queue costs."))
     load_bound: float = Field(DEFAULT_LOAD_BOUND, ge=1.0, description=(

@@ -1,16 +1,10 @@
-"""Builds the KV-event parts from the config: the event sources, the hub that indexes them, and per model the
-exact block hasher of its first kv_events pool that names a tokenizer (app/gateway.py calls these once)."""
+"""Builds the KV-event parts from the config: the event sources and the hub that indexes them (app/gateway.py
+calls these once; the block hashers are app/kvcache/hashers.py's, at the block size the replicas publish)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from app.config import GatewayConfig
-from app.config.policies import KvEventsParams
 from app.kvcache.subscriber import EventSource, KvEventsHub
-
-if TYPE_CHECKING:
-    from app.kvcache.tokens import RequestBlocks
 
 
 def event_sources(cfg: GatewayConfig) -> list[EventSource]:
@@ -27,22 +21,3 @@ def kv_hub(cfg: GatewayConfig) -> KvEventsHub | None:
     sources = event_sources(cfg)
     discovered = any(p.discovery is not None and p.discovery.kv_events is not None for p in cfg.pools.values())
     return KvEventsHub(sources) if sources or discovered else None
-
-
-def block_hashers(cfg: GatewayConfig) -> dict[str, RequestBlocks]:
-    """Per model: the hasher of its first kv_events pool that names a tokenizer folder."""
-    from app.kvcache.tokens import RequestBlocks  # needs the `kv` extra (tokenizers, jinja2)
-
-    by_folder: dict[tuple[str, int], RequestBlocks] = {}
-    out: dict[str, RequestBlocks] = {}
-    for model in cfg.models:
-        for name in model.pools:
-            pool = cfg.pools[name]
-            policy = pool.effective_policy()
-            if isinstance(policy, KvEventsParams) and pool.tokenizer is not None:
-                k = (pool.tokenizer, policy.block_size)
-                if k not in by_folder:
-                    by_folder[k] = RequestBlocks(pool.tokenizer, policy.block_size)
-                out[model.name] = by_folder[k]
-                break
-    return out

@@ -7,17 +7,15 @@ template take part (`Surface.hashes_blocks`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from app.hooks import PathHook
-from app.kvcache.replies import ReplyLearner
+from app.kvcache.replies import Hashers, ReplyLearner
 from app.kvcache.tokens import ChatRenderError
 
 if TYPE_CHECKING:
     from app.config import ModelConfig
     from app.context import RequestContext
-    from app.kvcache.tokens import RequestBlocks
 
 
 class BlockHashing(PathHook):
@@ -25,9 +23,9 @@ class BlockHashing(PathHook):
 
     name = "block_hashing"
 
-    def __init__(self, hashers: Mapping[str, RequestBlocks]) -> None:
-        self.hashers = hashers
-        self.replies = ReplyLearner(dict(hashers))
+    def __init__(self, hashers: Hashers) -> None:
+        self.hashers = hashers  # app/kvcache/hashers.py: at the block size the replicas publish
+        self.replies = ReplyLearner(hashers)
 
     async def before_pick(self, ctx: RequestContext, model: ModelConfig) -> None:
         """Exact block hashes for a model whose pool routes on KV events (None: the policy falls back)."""

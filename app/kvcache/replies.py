@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.kvcache.chat_template import ChatRenderError
 from app.kvcache.tokens import effective_salt
@@ -47,10 +47,18 @@ def continues(body: Mapping[str, Any]) -> bool:
     )
 
 
+class Hashers(Protocol):
+    """A model's current hasher (app.kvcache.hashers.BlockHashers, or a plain dict)."""
+
+    def get(self, model: str, /) -> RequestBlocks | None:
+        """The RequestBlocks `model`'s bodies are hashed with now, or None."""
+        ...
+
+
 class ReplyLearner:
     """Learns the replies of requests a model's RequestBlocks hashed, after they were sent."""
 
-    def __init__(self, hashers: Mapping[str, RequestBlocks], *, inline_chars: int = 2048) -> None:
+    def __init__(self, hashers: Hashers, *, inline_chars: int = 2048) -> None:
         self.hashers = hashers
         # Unseen text above this is tokenized off the loop (a ≈ 200-token reply costs the loop ≈ 0.3 ms in all).
         self.inline_chars = inline_chars

@@ -57,6 +57,8 @@ class ReplicaStats:
     lag_s: float | None = None
     max_lag_s: float = 0.0
     not_whole_reason: str = "starting"
+    # Tokens per block as the replica's BlockStored events say (vLLM fills it on every event); None before one.
+    block_size: int | None = None
 
 
 @dataclass(slots=True)

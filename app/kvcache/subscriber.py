@@ -220,6 +220,11 @@ class KvEventsHub:
         if stream is not None and expected_new_blocks > 0 and stream.owed_since is None:
             stream.owed_since = self._clock()
 
+    def block_size(self, url: str) -> int | None:
+        """Tokens per KV block as `url`'s own events say (None before its first BlockStored, or unknown url)."""
+        stream = self._streams.get(url)
+        return stream.stats.block_size if stream is not None else None
+
     def record_fallback(self) -> None:
         """Count one pick that fell back because a candidate was not whole."""
         self.fallbacks += 1
@@ -338,6 +343,8 @@ class KvEventsHub:
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 index.store(url, [event_hash(h) for h in ev.block_hashes], ev.medium)
+                if ev.block_size > 0:
+                    st.block_size = ev.block_size
             elif isinstance(ev, BlockRemoved):
                 index.remove(url, [event_hash(h) for h in ev.block_hashes], ev.medium)
             elif isinstance(ev, AllBlocksCleared):

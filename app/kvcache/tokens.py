@@ -18,6 +18,7 @@ of it (app.kvcache.replies: after a response was sent, the next turn's prefix is
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import OrderedDict
@@ -103,6 +104,19 @@ class RequestBlocks:
         self._verify_left = self.VERIFY_FIRST
         self.piece_cache_disabled = self._split is None
         self.prefix_hits = 0
+
+    def variant(self, block_size: int, algo: HashAlgo) -> RequestBlocks:
+        """The same tokenizer and template hashing in blocks of `block_size` with `algo`: shares the tokenizer,
+        the template and the piece cache (token ids do not depend on blocks), so it costs no file read."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        other = copy.copy(self)
+        other.block_size = block_size
+        other.algo = algo
+        other._digests = _Lru(self._digests.capacity)
+        other._prefixes = PrefixCache(self._prefixes.capacity)
+        other.prefix_hits = 0
+        return other
 
     @property
     def reuses_prefixes(self) -> bool:
@@ -246,7 +260,7 @@ class RequestBlocks:
         split = self._split
         if split is None or not self.reuses_prefixes:
             whole = self.encode(text)
-            return PromptBlocks(len(whole), self.hashes_for_tokens(whole, cache_salt))
+            return PromptBlocks(len(whole), self.hashes_for_tokens(whole, cache_salt), self.block_size)
         bs = self.block_size
         prefix = self._prefixes.longest(text, cache_salt)
         # `ids` holds the tokens from the first block the digests lack: the prefix's tail, then the new text's.
@@ -269,8 +283,8 @@ class RequestBlocks:
             whole = self._whole(text)
             if whole[base:] != ids or self.hashes_for_tokens(whole, cache_salt) != hashes:
                 self.piece_cache_disabled = True
-                return PromptBlocks(len(whole), self.hashes_for_tokens(whole, cache_salt))
-        out = PromptBlocks(base + len(ids), hashes)
+                return PromptBlocks(len(whole), self.hashes_for_tokens(whole, cache_salt), self.block_size)
+        out = PromptBlocks(base + len(ids), hashes, bs)
         if cut > start:
             full = (base + cut_ids) // bs
             del digests[full:]  # the prefix owns them from here on

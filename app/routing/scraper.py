@@ -12,6 +12,7 @@ from collections.abc import Callable
 import aiohttp
 
 from app.config import RoutingConfig
+from app.routing.engine_read import Disagreements, EngineReader
 from app.routing.promtext import parse_metrics
 from app.routing.state import ClusterState, ReplicaState
 
@@ -34,8 +35,11 @@ class Scraper:
         clock: Callable[[], float] = time.monotonic,
         on_scrape: Callable[[ReplicaState], None] | None = None,
         on_health: Callable[[ReplicaState, bool], None] | None = None,
+        disagreements: Disagreements | None = None,
     ) -> None:
         self.cluster = cluster
+        # What each replica publishes about its engine (block size, speculation, max_model_len, ...).
+        self.engine = EngineReader(cluster, disagreements)
         # Called right after each /health verdict with whether the replica was healthy before it, before any
         # await: a replica that just became healthy can be held (pre-warm) before a request sees it.
         self._on_health = on_health
@@ -64,6 +68,7 @@ class Scraper:
     def track(self, cluster: ClusterState) -> None:
         """Probe `cluster`'s replicas from now on: new ones get a task, vanished ones' tasks end."""
         self.cluster = cluster
+        self.engine.cluster = cluster
         if not self._started:
             return
         wanted = {(r.pool, r.url): r for r in cluster.replicas()}
@@ -91,6 +96,7 @@ class Scraper:
         if self._on_health is not None:
             self._on_health(replica, was_healthy)
         if not ok:
+            self.engine.on_unhealthy(replica)
             return
         asked_at = self._clock()
         text = await self._get_text(replica.url + "/metrics")
@@ -98,6 +104,8 @@ class Scraper:
             replica.clear_metrics()
             return
         replica.apply_metrics(parse_metrics(text), self._clock(), asked_at)
+        self.engine.on_metrics(replica, text)
+        await self.engine.read_once(self.session, replica, self._timeout)
 
     async def _run(self, replica: ReplicaState) -> None:
         interval = self.cfg.probe_interval_s

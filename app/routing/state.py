@@ -13,11 +13,13 @@ from app.config import GatewayConfig, PoolConfig
 from app.errors import FailureKind
 from app.routing import promtext as m
 from app.routing.breaker import BreakerConfig, CircuitBreaker
+from app.routing.engine_info import EngineInfo
 from app.routing.hashing import stable_hash64
 from app.routing.kv_events import BlockView
 from app.routing.load_report import LoadReport
 from app.routing.policy import Policy
 from app.routing.registry import PolicyDefaults, build_policy
+from app.routing.session_table import SessionTable, session_table
 
 # Weight of one new TTFT observation in the moving average (≈ the last 5-10 requests dominate).
 TTFT_ALPHA = 0.2
@@ -37,6 +39,8 @@ class ReplicaState:
         "breaker",
         "capacity",
         "counters",
+        "engine",
+        "engine_read",
         "external",
         "good_streak",
         "hash",
@@ -96,6 +100,10 @@ class ReplicaState:
         self.ttft_ewma_s: float | None = None
         self.last_error: str | None = None
         self.breaker = breaker or CircuitBreaker()
+        # What the engine publishes about itself (app/routing/engine_info.py), replaced whole by the scraper;
+        # engine_read: /v1/models and /version were read since the replica last became healthy.
+        self.engine = EngineInfo()
+        self.engine_read = False
         # healthy and breaker closed, kept current by every method that changes either; a replica that
         # is healthy with a non-closed breaker is still checked with breaker.allows() (time-based).
         self.in_rotation = True
@@ -286,13 +294,31 @@ class ReplicaState:
 class PoolState:
     """A pool: its config, replicas (in config order) and its routing policy instance."""
 
-    __slots__ = ("cfg", "name", "policy", "replicas")
+    __slots__ = ("cfg", "name", "policy", "replicas", "sessions", "unsupported_params")
 
-    def __init__(self, name: str, cfg: PoolConfig, replicas: list[ReplicaState], policy: Policy) -> None:
+    def __init__(self, name: str, cfg: PoolConfig, replicas: list[ReplicaState], policy: Policy,
+                 sessions: SessionTable | None = None) -> None:  # fmt: skip
         self.name = name
         self.cfg = cfg
         self.replicas = replicas
         self.policy = policy
+        self.sessions = sessions  # app/routing/sessions.py; None: this pool routes requests, not sessions
+        # Request fields the pool refuses: the config's when it says (unsupported_params or speculative), else
+        # what its replicas publish (app/routing/engine_read.py keeps it current); read by capability routing.
+        self.unsupported_params: tuple[str, ...] = ()
+        self.refresh_capabilities()
+
+    def declares_capabilities(self) -> bool:
+        """Whether the config says whether the pool speculates (`speculative` set): an override of its engines."""
+        return "speculative" in self.cfg.model_fields_set
+
+    def refresh_capabilities(self) -> None:
+        """Recompute what the pool refuses: the config's `unsupported_params`, plus, unless the config says
+        `speculative`, every field a replica's engine refuses by what it publishes."""
+        refused = dict.fromkeys(self.cfg.unsupported_params)
+        if not self.declares_capabilities():
+            refused.update(dict.fromkeys(p for r in self.replicas for p in r.engine.unsupported_params()))
+        self.unsupported_params = tuple(refused)
 
     def candidates(self, exclude: frozenset[str] = frozenset()) -> list[ReplicaState]:
         """Replicas in rotation, minus those already tried."""
@@ -349,9 +375,12 @@ class ClusterState:
                     if probe_before_joining:
                         rep.healthy = rep.in_rotation = False
                 rep.index = i
-                rep.capacity = pcfg.max_num_seqs or 0
+                rep.capacity = pcfg.max_num_seqs or rep.engine.max_num_seqs or 0
                 replicas.append(rep)
-            pools[name] = PoolState(name, pcfg, replicas, build_policy(pcfg.effective_policy(), defaults))
+            policy = build_policy(pcfg.effective_policy(), defaults)
+            before = previous.pools.get(name) if previous is not None else None
+            kept = session_table(cfg.routing.sessions, policy.name, before.sessions if before is not None else None)
+            pools[name] = PoolState(name, pcfg, replicas, policy, kept)
         state = cls(pools)
         state.peer_clock = previous.peer_clock if previous is not None else None
         return state

@@ -30,6 +30,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-trace", action="store_true",
                    help="record every engine step and each request's first token; GET /sim/step_trace returns them")
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--publish-max-num-seqs", action="store_true",
+                   help="add max_num_seqs to vllm:cache_config_info (vLLM 0.32 publishes it nowhere)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--no-enable-prompt-tokens-details", dest="enable_prompt_tokens_details",
                    action="store_false", help="omit usage.prompt_tokens_details (vLLM's default)")  # fmt: skip
@@ -55,6 +57,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-buffer-steps", type=int, default=10_000, help="event batches kept for replay")
     p.add_argument("--no-enable-scale-out", dest="enable_scale_out", action="store_false",
                    help="answer the render endpoints 403, as vLLM does without --enable-scale-out")  # fmt: skip
+    p.add_argument("--fail-marker", default=None, metavar="TEXT",
+                   help="answer 500 to every POST whose body contains TEXT (a deterministic per-body fault)")
     p.add_argument("--log-level", default="warning")
 
 
@@ -90,6 +94,8 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         kv_topic=args.kv_topic,
         kv_buffer_steps=args.kv_buffer_steps,
         enable_scale_out=args.enable_scale_out,
+        fail_marker=args.fail_marker,
+        publish_max_num_seqs=args.publish_max_num_seqs,
     )
     opts.scheduler_config()
     opts.hash_algo()

@@ -70,6 +70,10 @@ class SimOptions:
     kv_topic: str = ""  # its topic
     kv_buffer_steps: int = 10_000  # its buffer_steps: batches kept for replay
     enable_scale_out: bool = True  # vLLM's --enable-scale-out (render endpoints; vLLM's default is off)
+    fail_marker: str | None = None  # a POST body containing it is answered 500 (app/sim/faults.py)
+    # vLLM 0.32 publishes --max-num-seqs nowhere; with this the sim adds it to vllm:cache_config_info (a gateway
+    # reads it where it shows: app/routing/engine_info.py). Off by default, so the sim looks like vLLM.
+    publish_max_num_seqs: bool = False
 
     def resolved_profile(self) -> Profile:
         """The step-time profile."""

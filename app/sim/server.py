@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.sim.engine import OutputStream
+from app.sim.faults import FailMarker
 from app.sim.messages import MessagesSurface
 from app.sim.options import SimOptions
 from app.sim.orca import orca_header
@@ -77,6 +78,8 @@ class GenerationEndpoint:
             pool = st.engine.pool
             if -(-len(gen.prompt_ids) // pool.block_size) > pool.num_blocks:
                 raise SimHTTPError(400, "The prompt does not fit in the KV cache.", "BadRequestError", "messages")
+            if st.spec_enabled and (_num_set(body, "min_p", 0.0) or body.get("logit_bias")):
+                raise SimHTTPError(400, SPEC_UNSUPPORTED_MESSAGE, "BadRequestError", None)  # as vLLM 0.32 answers
         except SimHTTPError as e:
             await send_whole(send, e.status, e.body(), out_headers)
             return
@@ -183,13 +186,31 @@ class GenerationEndpoint:
         return sink
 
 
+SPEC_UNSUPPORTED_MESSAGE = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+
+
+def _num_set(body: dict[str, Any], name: str, neutral: float) -> bool:
+    v = body.get(name)
+    return isinstance(v, int | float) and not isinstance(v, bool) and v != neutral
+
+
 class _SimStarlette(Starlette):
     """Starlette with the two generation routes served before the middleware stack (the per-token path)."""
 
     fast_routes: dict[str, ASGIApp]
+    faults: FailMarker | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Dispatch generation requests directly; everything else through Starlette."""
+        """Dispatch generation requests directly; everything else through Starlette (injected faults first)."""
+        if self.faults is not None:
+            await self.faults(scope, receive, send)
+        else:
+            await self.serve(scope, receive, send)
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The routes: generation directly, everything else through Starlette."""
         if scope["type"] == "http":
             endpoint = self.fast_routes.get(scope["path"])
             if endpoint is not None:
@@ -209,10 +230,9 @@ def create_sim_app(options: SimOptions) -> Starlette:
         "num_gpu_blocks": str(pool.num_blocks),
         "kv_cache_size_tokens": str(pool.num_blocks * pool.block_size),
         "prefix_caching_hash_algo": pool.hash_algo,
-        # vLLM 0.32 has no max_num_seqs label here (only /server_info in dev mode shows it): the sim adds it,
-        # a label a real replica lacks, so a reader must fall back to its config for vLLM.
-        "max_num_seqs": str(st.sched_config.max_num_seqs),
     }
+    if options.publish_max_num_seqs:  # vLLM 0.32 has no such label (only /server_info in dev mode shows it)
+        cache_info["max_num_seqs"] = str(st.sched_config.max_num_seqs)
 
     async def health(_: Request) -> Response:
         return Response(status_code=200 if st.engine.healthy else 503)
@@ -282,4 +302,6 @@ def create_sim_app(options: SimOptions) -> Starlette:
     app.fast_routes = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/responses": responses,
                        "/v1/messages": messages}  # fmt: skip
     app.state.sim = st
+    if options.fail_marker:
+        app.faults = FailMarker(app.serve, options.fail_marker)
     return app

@@ -154,6 +154,10 @@ class Store(Protocol):
         """Release the lease, reconcile TPM and record spend in one round trip."""
         ...
 
+    async def renew_lease(self, tenant_id: str, lease_id: str, lease_s: float) -> bool:
+        """Move a held concurrency lease's expiry to `lease_s` from now; False when it is no longer held."""
+        ...
+
     async def record_spend(self, records: Sequence[SpendRecord]) -> None:
         """Record several charges (idempotent per record id); used to flush buffered spend."""
         ...

@@ -215,6 +215,15 @@ class MemoryStore:
             tokens_reserved=tokens if fail is None and limits.tpm is not None else 0,
         )
 
+    async def renew_lease(self, tenant_id: str, lease_id: str, lease_s: float) -> bool:
+        """Move a held lease's expiry (its old heap entry no longer matches and is skipped)."""
+        leases = self._leases.get(tenant_id)
+        now = self._clock_us()
+        if leases is None or leases.expiry.get(lease_id, 0) <= now:
+            return False
+        leases.take(lease_id, now + int(lease_s * US))
+        return True
+
     async def settle(self, release: Release | None, spend: SpendRecord | None) -> None:
         """Release the lease, reconcile TPM and record spend."""
         if release is not None:

@@ -25,6 +25,20 @@ local function store_bucket(key, level, limit, now)
 end
 """
 
+# KEYS: concurrency zset. ARGV: lease id, lease µs. Returns 1 when the lease was held (and now expires later).
+RENEW_LEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local exp = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if not exp or exp <= now then return 0 end
+local lease_us = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], 'XX', now + lease_us, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < math.ceil(lease_us / 1000) + 1000 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil(lease_us / 1000) + 1000)
+end
+return 1
+"""
+
 ADMIT_KEYS = 4
 SETTLE_KEYS = 5
 

@@ -44,7 +44,7 @@ from app.store.base import (
     StoreUnavailable,
     written_payload,
 )
-from app.store.redis_scripts import ADMIT, ADMIT_KEYS, SETTLE, SETTLE_KEYS, SHARE_LOAD
+from app.store.redis_scripts import ADMIT, ADMIT_KEYS, RENEW_LEASE, SETTLE, SETTLE_KEYS, SHARE_LOAD
 from app.store.resp import RespAddress, RespClient, RespError, ScriptCall, encode_command
 
 T = TypeVar("T")
@@ -110,6 +110,7 @@ class RedisStore:
         self._settle = self._r.register_script(SETTLE)
         self._volatile_add = self._r.register_script(_VOLATILE_ADD)
         self._share_load = self._r.register_script(SHARE_LOAD)
+        self._renew_lease = self._r.register_script(RENEW_LEASE)
         self._admit_call = ScriptCall(ADMIT, ADMIT_KEYS, 9)
         self._settle_call = ScriptCall(SETTLE, SETTLE_KEYS, 13)
         addr = RespAddress.from_url(url) if fast_path else None
@@ -239,6 +240,12 @@ class RedisStore:
     async def settle(self, release: Release | None, spend: SpendRecord | None) -> None:
         """Release the lease, reconcile TPM and record spend in one script call."""
         await self._script(self._settle_call, self._settle_args(release, spend))
+
+    async def renew_lease(self, tenant_id: str, lease_id: str, lease_s: float) -> bool:
+        """Move a held lease's expiry (rare: one call per long stream every lease_s / 3)."""
+        key = self._t(tenant_id, "conc")
+        held = await self._call(self._renew_lease(keys=[key], args=[lease_id, int(lease_s * US)]))
+        return bool(held)
 
     async def record_spend(self, records: Sequence[SpendRecord]) -> None:
         """Record several charges in one pipelined round trip (idempotent per record id)."""

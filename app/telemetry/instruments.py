@@ -157,6 +157,17 @@ REPLICAS = MetricSpec(
     "Replicas of the pool by state in this process: serving, warming, breaker_open, breaker_half_open, "
     "unhealthy, joining", ("pool", "state"),
 )  # fmt: skip
+ENGINE_SPECULATIVE = MetricSpec(
+    "gateway.engine.speculative", "",
+    "1 while the replica publishes vllm:spec_decode_* series (it speculates), 0 when it publishes none",
+    ("pool", "replica"),
+)  # fmt: skip
+ENGINE_CONFIG_MISMATCHES = MetricSpec(
+    "gateway.engine.config_mismatches", "{replica}",
+    "Replicas that publish a value the config contradicts (the config's stays in force), by pool and key: "
+    "block_size, hash_algo, max_num_seqs, speculative",
+    ("pool", "key"),
+)  # fmt: skip
 PEER_LOAD_PROCESSES = MetricSpec(
     "gateway.peer_load.processes", "{process}", "Gateway processes in the last load snapshot (this one included)"
 )
@@ -182,7 +193,7 @@ METER_METRICS = (
     (DISCOVERY_CHANGES, "counter"), (PREWARM_REQUESTS, "counter"), (PREWARM_RUNS, "counter"),
     (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"), (REPLICAS, "gauge"),
     (PEER_LOAD_PROCESSES, "gauge"), (PEER_LOAD_IN_FORCE, "gauge"), (PEER_LOAD_EXCHANGES, "counter"),
-    (PEER_LOAD_CLOCK_OFFSET, "gauge"),
+    (PEER_LOAD_CLOCK_OFFSET, "gauge"), (ENGINE_SPECULATIVE, "gauge"), (ENGINE_CONFIG_MISMATCHES, "counter"),
 )  # fmt: skip
 _METER_KINDS = {spec.name: kind for spec, kind in METER_METRICS}
 
@@ -237,6 +248,8 @@ PROMETHEUS_NAMES = {
     PREWARM_DURATION.name: "gateway_prewarm_duration_seconds",
     PREWARM_TOKENS.name: "gateway_prewarm_tokens_total",
     REPLICAS.name: "gateway_pool_replicas",
+    ENGINE_SPECULATIVE.name: "gateway_engine_speculative",
+    ENGINE_CONFIG_MISMATCHES.name: "gateway_engine_config_mismatches_total",
     PEER_LOAD_PROCESSES.name: "gateway_peer_load_processes",
     PEER_LOAD_IN_FORCE.name: "gateway_peer_load_in_force",
     PEER_LOAD_EXCHANGES.name: "gateway_peer_load_exchanges_total",

@@ -4,9 +4,9 @@ from pydantic import ValidationError
 from app.config.admission import AdmissionConfig
 
 
-def test_defaults_are_off_with_the_documented_thresholds() -> None:
+def test_defaults_are_on_with_two_tenants_with_the_documented_thresholds() -> None:
     cfg = AdmissionConfig()
-    assert cfg.enabled is False
+    assert cfg.enabled is None and cfg.tenant_window_s == 60.0
     assert cfg.kv_usage_threshold == 0.95
     assert cfg.max_in_flight_tokens is None
     assert cfg.deadline_s.for_class("interactive") == 2.0

@@ -41,7 +41,7 @@ async def test_below_saturation_admit_does_not_suspend() -> None:
 
 
 async def test_disabled_queue_always_admits_at_once() -> None:
-    q = AdmissionQueue(AdmissionConfig())
+    q = AdmissionQueue(AdmissionConfig(enabled=False))
     q.on_state_change([FakeReplica(waiting=100)])
     tickets = [q.try_admit("a", "bulk", 1) for _ in range(10)]
     assert all(tickets) and q.limit is None and q.in_flight == 10

@@ -58,7 +58,8 @@ def test_a_sent_reply_leaves_the_next_turn_only_its_new_message(tmp_path: Path, 
                 reply = done.choices[0].message.content or ""
             assert reply
             learned_after(gateway, 1)
-            hasher = gateway.replies.hashers[PUBLIC_MODEL]
+            hasher = gateway.replies.hashers.get(PUBLIC_MODEL)
+            assert hasher is not None
             nxt = {"messages": [*messages, {"role": "assistant", "content": reply},
                                 {"role": "user", "content": "Now test it."}]}  # fmt: skip
             assert hasher.unseen_pieces(hasher.render(nxt)) == ["user\nNow test it."]

@@ -74,8 +74,11 @@ def joining_gateway(prewarm: dict[str, Any]) -> Iterator[tuple[str, Any, Callabl
     port = _port_free_on_both()
     records = Records("127.0.0.1")
     cfg = discovering_config(f"replicas.test:{port}")
+    # Request-level prefix routing: a key's home moves to the joining replica. (With routing.sessions on, a
+    # running session stays where its history is and only new sessions go there: nothing here would move.)
     cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={
-        "prewarm": cfg.routing.prewarm.model_copy(update=prewarm)})})  # fmt: skip
+        "prewarm": cfg.routing.prewarm.model_copy(update=prewarm),
+        "sessions": cfg.routing.sessions.model_copy(update={"enabled": False})})})  # fmt: skip
     app = create_app(cfg)
     gw = app.api.state.gateway
     gw.discoverer.pools["main"].source.resolver = records

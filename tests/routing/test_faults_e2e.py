@@ -60,8 +60,11 @@ class SimProcess:
 
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, SimProcess, SimProcess]]:
-    """Gateway URL, survivor and victim (indirect param: upstream.max_migrations, default 1)."""
-    migrations = getattr(request, "param", 1)
+    """Gateway URL, survivor and victim (indirect param: upstream.max_migrations, default 1, or a dict of
+    upstream settings)."""
+    param = getattr(request, "param", 1)
+    upstream = {"connect_timeout_s": 1, "retries": 2, "max_migrations": 1,
+                **(param if isinstance(param, dict) else {"max_migrations": param})}  # fmt: skip
     sims = [SimProcess(), SimProcess()]
     try:
         for s in sims:
@@ -72,7 +75,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, SimProcess, S
                                "replicas": [s.url for s in sims],
                                "price": {"input_per_m": 1.0, "output_per_m": 2.0}}},
             "auth": {"required": False},
-            "upstream": {"connect_timeout_s": 1, "retries": 2, "max_migrations": migrations},
+            "upstream": upstream,
             "routing": {"probe_interval_s": 0.3},
         })  # fmt: skip
         with serve_in_thread(create_app(cfg)) as gw:

@@ -30,13 +30,14 @@ from app.surfaces.base import (
 )
 from app.surfaces.exchange import Exchange
 from app.surfaces.messages.migration import MESSAGES_MIGRATION
-from app.surfaces.messages.wire import BILLING_HEADER, anthropic_error, anthropic_error_type
+from app.surfaces.messages.wire import BILLING_HEADER, ROLES, anthropic_error, anthropic_error_type, unexpected_role
 from app.surfaces.migration import Migration
 from app.surfaces.openai import rewrite_model
 from app.surfaces.placement import TailPlacement, render_block
 from app.surfaces.sse import NamedEventObserver, event_doc, event_parts, named_event
 
 TOKENS_PER_MESSAGE = 4
+_SYSTEM_ROLE = frozenset({"system"})
 # What vLLM renders of a Messages body besides system and messages (thinking "disabled" and output_config's
 # effort become the template's reasoning_effort; an enabled thinking budget is a sampling parameter only).
 _RENDER_FIELDS = ("system", "tools", "tool_choice", "chat_template_kwargs")
@@ -48,6 +49,21 @@ def _after_billing_line(text: str) -> str | None:
         return None
     _, _, rest = text.partition("\n")
     return rest.strip()
+
+
+def _system_slots(slots: list[TextSlot], head: list[TextSlot], key: HeadBuilder) -> None:
+    """System text blocks into the head and the routing key, as vLLM renders them."""
+    for slot in slots:
+        rest = _after_billing_line(slot.text)
+        if rest is None:
+            head.append(slot)
+            key.add(slot.text)
+        elif rest:
+            # vLLM drops a block that starts with the billing line, whatever follows it: moving the line out
+            # keeps the rest of the block in the prompt.
+            head.append(slot)
+            key.add(rest)
+        # A block that is only the billing line: vLLM drops it; routing and normalize leave it alone.
 
 
 def capture_messages_usage(usage: Mapping[str, Any] | None, into: Usage) -> None:
@@ -77,7 +93,8 @@ def _block_chars(content: Any) -> int:
 
 
 class MessagesObserver(NamedEventObserver):
-    """Relays Messages events untouched but for the model name; message_delta's usage is final."""
+    """Relays Messages events untouched but for the model name; message_delta's usage is final (message_start's
+    counts the prompt only)."""
 
     def observe(self, event: bytes) -> bytes | None:
         """Account for one event: id and prompt size at message_start, output and cache at message_delta."""
@@ -93,6 +110,9 @@ class MessagesObserver(NamedEventObserver):
                     ctx.response_id = message["id"]
                 usage = message.get("usage")
                 capture_messages_usage(usage if isinstance(usage, dict) else None, ctx.usage)
+                # The prompt is known from here, the output only from message_delta: until it comes, a cut or
+                # abandoned stream is billed for the deltas relayed (app/relay.py), not for message_start's 0.
+                ctx.usage.reported = False
         elif name == b"message_delta":
             doc = event_doc(data)
             if doc is not None:
@@ -136,8 +156,10 @@ class MessagesSurface:
         if not isinstance(messages, list) or not messages:
             raise bad_request("messages: must be a non-empty array", param="messages")
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-                raise bad_request(f"messages.{i}: must be an object with role 'user' or 'assistant'")
+            if not isinstance(m, dict):
+                raise bad_request(f"messages.{i}: Input should be a valid dictionary", param=f"messages.{i}")
+            if m.get("role") not in ROLES:
+                raise bad_request(unexpected_role(i, m.get("role")), param=f"messages.{i}.role")
             if not isinstance(m.get("content"), str | list):
                 raise bad_request(f"messages.{i}.content: must be a string or an array of content blocks")
         system = body.get("system")
@@ -164,17 +186,7 @@ class MessagesSurface:
             head.append(TextSlot(("system",), system, -1, -1))
             key.add(system)
         elif isinstance(system, list):
-            for slot in text_slots(-1, system, ("system",)):
-                rest = _after_billing_line(slot.text)
-                if rest is None:
-                    head.append(slot)
-                    key.add(slot.text)
-                elif rest:
-                    # vLLM drops a block that starts with the billing line, whatever follows it: moving the
-                    # line out keeps the rest of the block in the prompt.
-                    head.append(slot)
-                    key.add(rest)
-                # A block that is only the billing line: vLLM drops it; routing and normalize leave it alone.
+            _system_slots(text_slots(-1, system, ("system",)), head, key)
         chars += content_chars(system)
         tools = body.get("tools")
         tools_json = orjson.dumps(tools) if tools else b""
@@ -187,13 +199,19 @@ class MessagesSurface:
         framing = 0
         first_user: int | None = None
         last_user: int | None = None
+        head_turns: list[int] = []
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict):
                 continue
             framing += TOKENS_PER_MESSAGE
             content = msg.get("content")
             chars += _block_chars(content)
-            if msg.get("role") == "user":
+            role = msg.get("role")
+            if role == "system" and first_user is None and i == len(head_turns):
+                # A system turn before any other is the system prompt's continuation; a later one is history.
+                head_turns.append(i)
+                _system_slots(text_slots(i, content, ("messages", i, "content")), head, key)
+            elif role == "user":
                 last_user = i
                 if first_user is None:
                     first_user = i
@@ -225,7 +243,7 @@ class MessagesSurface:
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
         """The system prompt, the tools and the first user message, with what vLLM renders; one token."""
-        head = leading_then_user(body.get("messages"), frozenset())
+        head = leading_then_user(body.get("messages"), _SYSTEM_ROLE)
         return None if head is None else self._warm(body, head, max_chars)
 
     def warm_history(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
@@ -335,6 +353,13 @@ class CountTokensSurface(MessagesSurface):
     normalizable = False
     migration: Migration | None = None
     require_max_tokens = False
+
+    def validate(self, body: dict[str, Any]) -> Parsed:
+        """As a Messages body, with `stream` dropped: the engine answers count_tokens in JSON whatever the body
+        says, and a stream the gateway waited for that never came would be counted against the replica."""
+        super().validate(body)
+        body.pop("stream", None)
+        return Parsed(False, True)
 
     def warm_request(self, body: Mapping[str, Any], max_chars: int) -> WarmRequest | None:
         """None: counting tokens fills no cache."""

@@ -58,6 +58,15 @@ def _tool_result(block: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
 
 def _message(msg: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
     role, content = msg.get("role"), msg.get("content")
+    if role == "system":
+        # vLLM's _extract_system_text: a system turn inside `messages` stays where it is, as its text without
+        # the billing blocks, and is left out when nothing remains. (With a template that wants system first,
+        # vLLM's Messages endpoint merges it into the leading one instead; the chat continuation cannot know
+        # that and renders it in place, which such a template refuses: the continuation then fails as one.)
+        text = _system_text(content)
+        if text and not text.startswith(BILLING_HEADER):
+            out.append({"role": "system", "content": text})
+        return
     chat: dict[str, Any] = {"role": role}
     if isinstance(content, str):
         chat["content"] = content

@@ -23,3 +23,16 @@ def anthropic_error(status: int, message: str) -> bytes:
 
 
 BILLING_HEADER = "x-anthropic-billing-header"
+
+# vLLM's AnthropicMessage roles: a `system` turn anywhere in `messages` (Claude Code sends one for any model
+# name outside its own list: beta mid-conversation-system-2026-04-07) is rendered where it stands, or merged
+# into the leading system prompt by a template that wants system first.
+ROLES = ("user", "assistant", "system")
+
+
+def unexpected_role(index: int, role: object) -> str:
+    """Anthropic's wording for a role it does not take: Claude Code falls back to its older prompt shape on a
+    400 that says `Unexpected role` and `input message role`."""
+    shown = role if isinstance(role, str) else type(role).__name__
+    return (f'messages.{index}.role: Unexpected role "{shown}". Allowed input message roles are "user", '
+            '"assistant" and "system".')

@@ -22,9 +22,9 @@ class RecordingTransport(FakeTransport):
         super().__init__(script)
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
 
-    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str]) -> Any:
+    async def send(self, replica: str, path: str, payload: bytes, headers: Mapping[str, str], **kw: Any) -> Any:
         self.requests.append((replica, path, orjson.loads(payload)))
-        return await super().send(replica, path, payload, headers)
+        return await super().send(replica, path, payload, headers, **kw)
 
 
 def surface_ctx(surface: Surface, path: str, body: dict[str, Any]) -> RequestContext:

@@ -1,0 +1,86 @@
+"""Which session a request belongs to, from what coding clients send (captured in tests/fixtures/agents).
+
+The prefix key (prefix_key.py) is the first 1 KB of system text: every session of one client shares it, so it
+cannot keep a session on the replica that holds its history. The clients name their sessions themselves:
+
+- `prompt_cache_key` (Responses and chat): OpenAI's own field for cache routing; Codex sends its session id;
+- headers: Claude Code `X-Claude-Code-Session-Id`, Codex `session-id`, opencode `x-session-id` /
+  `x-session-affinity`, and the `x-session-id` style other gateways read;
+- Messages `metadata.user_id`: Claude Code's JSON `{"device_id", "account_uuid", "session_id"}` (older
+  versions: `user_…_account_…_session_<uuid>`);
+- else the history itself: the system text and the first user turn (the prompt view's head), which every turn
+  of one conversation repeats and two conversations rarely share.
+
+The key is salted per tenant like the prefix key, so two tenants never share a session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import Any, Literal
+
+import orjson
+
+from app.prompt import PromptView
+
+SessionSource = Literal["prompt_cache_key", "header", "metadata", "history"]
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id", "x-session-affinity", "session_id")
+_MAX_ID = 256  # longer values are not ids: hashed all the same, but no client sends one
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """A session's 64-bit key and what it was read from (the route header says which)."""
+
+    key: int
+    source: SessionSource
+
+
+def _key(salt: str, session_id: str) -> int:
+    # One namespace for every named id: Codex's prompt_cache_key is its session-id header, Claude Code's
+    # metadata session_id its X-Claude-Code-Session-Id, so a request that carries only one still matches.
+    h = blake2b(salt.encode(), digest_size=8)
+    h.update(b"s\x00")
+    h.update(session_id.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(h.digest(), "little")
+
+
+def _metadata_session(body: Mapping[str, Any]) -> str | None:
+    meta = body.get("metadata")
+    user_id = meta.get("user_id") if isinstance(meta, dict) else None
+    if not isinstance(user_id, str) or not user_id:
+        return None
+    if user_id.startswith("{"):
+        try:
+            doc = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        sid = doc.get("session_id") if isinstance(doc, dict) else None
+        return sid if isinstance(sid, str) and sid else None
+    _, found, sid = user_id.rpartition("_session_")
+    return sid if found and sid else None
+
+
+def session_key(headers: Mapping[str, str], body: Mapping[str, Any], view: PromptView, salt: str, *,
+                history: bool = True) -> SessionKey | None:  # fmt: skip
+    """The request's session, or None when nothing names one (no client id, no user turn in the head)."""
+    pck = body.get("prompt_cache_key")
+    if isinstance(pck, str) and pck:
+        return SessionKey(_key(salt, pck[:_MAX_ID]), "prompt_cache_key")
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return SessionKey(_key(salt, value[:_MAX_ID]), "header")
+    sid = _metadata_session(body)
+    if sid is not None:
+        return SessionKey(_key(salt, sid[:_MAX_ID]), "metadata")
+    if not history or not any(slot.turn >= 0 for slot in view.head):
+        return None
+    h = blake2b(salt.encode(), digest_size=8)
+    h.update(b"c\x00")
+    for slot in view.head:
+        h.update(slot.text.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    return SessionKey(int.from_bytes(h.digest(), "little"), "history")

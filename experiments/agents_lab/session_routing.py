@@ -1,0 +1,239 @@
+"""Session-aware routing on real client traffic (issue 21): 12 concurrent sessions of Claude Code, Codex and
+opencode (4 each, replayed from tests/fixtures/agents) over 4 `kvgate sim` replicas, per arm on fresh sims:
+
+  kvgate          kvgate, default policy (prefix_affinity), routing.sessions on (the default)
+  kvgate-nosess   the same with routing.sessions.enabled: false (request-level bounded prefix affinity: before)
+  kvgate-kv       kvgate, kv_events policy (the sims publish KV events), sessions on
+  round-robin     kvgate, round_robin
+  vllm-router     vLLM's router, --policy cache_aware (scripts/peer-venvs.sh vllm-router); it serves chat only
+                  here: its Messages/Responses requests are counted as failed
+  big             one replica with the KV blocks and sequence slots of all four, straight (the cache ceiling)
+
+Each replayed session is a captured `main` session (6 turns: the turn-opening request and the tool result, plus
+opencode's title request) made its own: its ids (session headers, prompt_cache_key, metadata) and each turn's
+text carry the session's number, so sessions of one client share the system prompt and tools, not the history.
+Sessions run concurrently, each sending its next request when the last one answered. A tap (layer.py
+--passthrough) in front of every replica records which session each request was and the sim's usage, so every
+arm is measured the same way, whatever routed it.
+
+    flock /tmp/kvgate-bench.lock .venv/bin/python experiments/agents_lab/session_routing.py \
+        [--arms kvgate,kvgate-nosess,kvgate-kv,round-robin,vllm-router,big] [--json out.json]
+
+Reported per arm: requests answered 200; per session the share of its requests on its most used replica (min,
+and how many sessions are at >= 95 %); requests per replica max/mean; cached/prompt over all requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from procs import Proc, free_port  # noqa: E402
+from run import API_KEY, gateway_cfg, start_gateway, start_layer, start_sim  # noqa: E402
+
+FIXTURES = HERE.parent.parent / "tests" / "fixtures" / "agents"
+CLIENTS = ("claude", "codex", "opencode")
+ARMS = ("kvgate", "kvgate-nosess", "round-robin", "vllm-router", "big")  # and kvgate-kv
+CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache/kvgate"))
+TOKENIZER = CACHE / "models" / "smollm2-135m"
+SKIP = {"host", "content-length", "connection", "accept-encoding", "authorization", "x-api-key"}
+UUID_HEAD = "00000000-0000-4000-8000-"
+OPENCODE_SESSION = re.compile(r"ses_[0-9A-Za-z]{20,}")
+LABEL = re.compile(r"Turn \d+ \[([a-z]+-\d+)\]:")
+
+
+def session_requests(client: str, index: int) -> list[dict[str, Any]]:
+    """The client's captured main session, made session `index`'s own (ids and turn texts)."""
+    path = FIXTURES / f"{client}.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    label = f"{client}-{index}"
+    out = []
+    for rec in recs:
+        if rec.get("session") != "main" or not rec.get("api") or not isinstance(rec.get("body"), dict):
+            continue
+        text = json.dumps({"headers": rec["headers"], "body": rec["body"]})
+        text = text.replace(UUID_HEAD, f"{index + 1:08x}-0000-4000-8000-")
+        text = OPENCODE_SESSION.sub(f"ses_lab{index:04d}xxxxxxxxxxxxxxxxxxxx", text)
+        text = re.sub(r"Turn (\d+):", rf"Turn \1 [{label}]:", text)
+        doc = json.loads(text)
+        out.append({"path": rec["path"], "query": rec["query"], "api": rec["api"], "kind": rec["kind"],
+                    "headers": {k: v for k, v in doc["headers"].items() if k.lower() not in SKIP},
+                    "body": doc["body"], "label": label})
+    return out
+
+
+async def replay_session(client: httpx.AsyncClient, base: str, reqs: list[dict[str, Any]]) -> list[int]:
+    """Send one session's requests in order, each after the last answered; their statuses."""
+    statuses = []
+    for req in reqs:
+        headers = dict(req["headers"])
+        if req["api"] == "messages":
+            headers["x-api-key"] = API_KEY
+        else:
+            headers["authorization"] = f"Bearer {API_KEY}"
+        url = base + req["path"] + (f"?{req['query']}" if req["query"] else "")
+        try:
+            r = await client.post(url, json=req["body"], headers=headers)
+            await r.aread()
+            statuses.append(r.status_code)
+        except httpx.HTTPError:
+            statuses.append(-1)
+    return statuses
+
+
+def tap_records(paths: list[Path]) -> list[dict[str, Any]]:
+    """Every generation request the taps saw: replica index, session label, cached, prompt."""
+    out = []
+    for i, path in enumerate(paths):
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if not rec.get("api") or rec.get("status") != 200:
+                continue
+            found = LABEL.search(json.dumps(rec.get("body")))
+            out.append({"replica": i, "label": found.group(1) if found else "?", "cached": rec.get("cached") or 0,
+                        "prompt": rec.get("prompt") or 0})
+    return out
+
+
+def start_front(arm: str, sims: list[Proc], taps: list[Proc], logs: Path) -> Proc | None:
+    """The router in front of the taps (None: the big arm, straight to its one tap)."""
+    urls = [t.url for t in taps]
+    if arm == "big":
+        return None
+    if arm == "vllm-router":
+        exe = CACHE / "vllm-router-venv" / "bin" / "vllm-router"
+        if not exe.exists():
+            raise SystemExit(f"{exe} missing: run scripts/peer-venvs.sh vllm-router")
+        port, prom = free_port(), free_port()
+        argv = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy",
+                "cache_aware", "--prometheus-port", str(prom), "--log-level", "warning",
+                "--health-check-interval-secs", "2"]
+        return Proc(arm, f"http://127.0.0.1:{port}", argv, log=logs / f"{arm}.log").start("/health", 60,
+                                                                                        any_status=True)
+
+    policy = {"kvgate": "prefix_affinity", "kvgate-nosess": "prefix_affinity", "round-robin": "round_robin"}.get(
+        arm, "prefix_affinity")
+    routing: dict[str, Any] = {"probe_interval_s": 0.5}
+    if arm == "kvgate-nosess":
+        routing["sessions"] = {"enabled": False}
+    cfg = gateway_cfg(urls, "off", policy, routing)
+    if arm == "kvgate-kv":
+        # Exact block hashes need the engine's tokenizer; the gateway computes them for chat bodies (opencode),
+        # Messages and Responses requests fall back to prefix affinity.
+        pool = cfg["pools"]["main"]
+        pool.update(policy={"type": "kv_events", "block_size": 16}, tokenizer=str(TOKENIZER), replicas=[
+            {"url": t.url, "kv_events": f"tcp://127.0.0.1:{s.kv_ports[0]}",  # type: ignore[attr-defined]
+             "kv_replay": f"tcp://127.0.0.1:{s.kv_ports[1]}", "kv_topic": "kv"}  # type: ignore[attr-defined]
+            for t, s in zip(taps, sims, strict=True)])
+    return start_gateway(logs, f"{arm}-gateway", cfg)
+
+
+def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Fresh sims + taps + front; the 12 sessions concurrently; the measures."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    n = 1 if arm == "big" else args.replicas
+    procs: list[Proc] = []
+    caps = [out / f"{arm}-tap{i}.jsonl" for i in range(n)]
+    for c in caps:
+        c.unlink(missing_ok=True)
+    try:
+        sims = []
+        for i in range(n):
+            extra = ["--max-num-seqs", str(args.max_num_seqs * args.replicas), "--kv-blocks",
+                     str(args.kv_blocks * args.replicas)] if arm == "big" else [
+                "--max-num-seqs", str(args.max_num_seqs), "--kv-blocks", str(args.kv_blocks)]
+            ports = (free_port(), free_port())
+            if arm == "kvgate-kv":
+                extra += ["--tokenizer", str(TOKENIZER), "--kv-events", f"tcp://*:{ports[0]}", "--kv-replay",
+                          f"tcp://*:{ports[1]}", "--kv-topic", "kv"]
+            sim = start_sim(logs, f"{arm}-sim{i}", args.time_scale, extra)
+            sim.kv_ports = ports  # type: ignore[attr-defined]
+            sims.append(sim)
+            procs.append(sim)
+        taps = []
+        for i, sim in enumerate(sims):
+            tap = start_layer(logs, f"{arm}-tap{i}", sim.url, caps[i], passthrough=True)
+            taps.append(tap)
+            procs.append(tap)
+        front = start_front(arm, sims, taps, logs)
+        if front is not None:
+            procs.append(front)
+        base = front.url if front is not None else taps[0].url
+        sessions = [session_requests(c, i) for i, c in enumerate(c for c in CLIENTS for _ in range(args.per_client))]
+
+        async def go() -> list[list[int]]:
+            async with httpx.AsyncClient(timeout=300) as client:
+                return await asyncio.gather(*(replay_session(client, base, s) for s in sessions))
+
+        statuses = asyncio.run(go())
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    recs = tap_records(caps)
+    by_session: dict[str, Counter[int]] = defaultdict(Counter)
+    for r in recs:
+        by_session[r["label"]][r["replica"]] += 1
+    shares = {s: max(c.values()) / sum(c.values()) for s, c in by_session.items()}
+    per_replica = Counter(r["replica"] for r in recs)
+    loads = [per_replica.get(i, 0) for i in range(n)]
+    flat = [s for ss in statuses for s in ss]
+    cached, prompt = sum(r["cached"] for r in recs), sum(r["prompt"] for r in recs)
+    return {"arm": arm, "requests": len(flat), "ok": sum(1 for s in flat if s == 200),
+            "status_counts": dict(Counter(flat)), "sessions": len(sessions),
+            "min_share": min(shares.values()) if shares else 0.0,
+            "sessions_95": sum(1 for v in shares.values() if v >= 0.95),
+            "max_over_mean": max(loads) / statistics.mean(loads) if loads and statistics.mean(loads) else 0.0,
+            "loads": loads, "cached": cached, "prompt": prompt,
+            "ratio": cached / prompt if prompt else 0.0, "shares": shares}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The arms side by side."""
+    out = ["| arm | 200 / requests | sessions >= 95 % on one replica | min share | requests per replica | "
+           "max/mean | cached/prompt |", "|---|--:|--:|--:|---|--:|--:|"]
+    for r in rows:
+        out.append(f"| {r['arm']} | {r['ok']}/{r['requests']} | {r['sessions_95']}/{r['sessions']} | "
+                   f"{100 * r['min_share']:.0f}% | {' '.join(map(str, r['loads']))} | {r['max_over_mean']:.2f} | "
+                   f"{100 * r['ratio']:.1f}% |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--per-client", type=int, default=4)
+    p.add_argument("--time-scale", type=float, default=10.0)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--kv-blocks", type=int, default=25_000, help="per replica (16-token blocks)")
+    p.add_argument("--out", type=Path, default=Path("/work/agents-captures/session-routing"))
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    rows = []
+    for arm in args.arms.split(","):
+        rows.append(run_arm(arm, args.out, args))
+        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
