@@ -29,6 +29,8 @@ LAB_COMMANDS = {
 # How long the ready line waits for every replica's first health probe (a probe times out within 5 s).
 _FIRST_PROBE_WAIT_S = 5.0
 _PROBE_POLL_S = 0.05
+# How often a gateway that is listening but not ready checks whether every model has a healthy replica.
+_READY_POLL_S = 1.0
 _EXTRA_RX = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
 _NAME_RX = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -124,11 +126,26 @@ async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object, worke
             break
         await asyncio.sleep(_PROBE_POLL_S)
     workers = f" - {worker.count} workers" if worker is not None else ""
-    print(ready_line(url, cfg, replicas) + workers, flush=True)
+    waiting = _unready_models(app)
+    if waiting:
+        # Listening is not ready: /ready says 503 until every model has a healthy replica; say which wait.
+        print(f"kvgate listening on {url}, not ready: no healthy replica for model(s) {', '.join(waiting)}"
+              f" - pools {_pools_line(cfg, replicas)}{workers}", flush=True)  # fmt: skip
+        # Health probes set no event; polling the gateway's own answer once a second is enough for one line.
+        while _unready_models(app):  # noqa: ASYNC110
+            await asyncio.sleep(_READY_POLL_S)
+    print(ready_line(url, cfg, _replica_states(app)) + workers, flush=True)
     from app.engine_report import startup_lines
 
     for line in startup_lines(getattr(getattr(getattr(app, "api", app), "state", None), "gateway", None)):
         print(line, flush=True)
+
+
+def _unready_models(app: object) -> list[str]:
+    """Models with no healthy replica yet (none when the app has no gateway state to ask)."""
+    gateway = getattr(getattr(getattr(app, "api", app), "state", None), "gateway", None)
+    unready = getattr(gateway, "unready_models", None)
+    return list(unready()) if callable(unready) else []
 
 
 def _first_probe_done(r: Any) -> bool:
@@ -147,6 +164,10 @@ def _replica_states(app: object) -> list[tuple[str, Any]]:
 
 def ready_line(url: str, cfg: GatewayConfig, replicas: Sequence[tuple[str, Any]]) -> str:
     """`kvgate ready on URL - pools fast (1/1 replicas healthy), ...`; counts from the config if no state."""
+    return f"kvgate ready on {url} - pools {_pools_line(cfg, replicas)}"
+
+
+def _pools_line(cfg: GatewayConfig, replicas: Sequence[tuple[str, Any]]) -> str:
     parts = []
     for name, pool in cfg.pools.items():
         total = len(pool.replicas)
@@ -158,7 +179,7 @@ def ready_line(url: str, cfg: GatewayConfig, replicas: Sequence[tuple[str, Any]]
         unprobed = sum(1 for r in states if not getattr(r, "probed", False))
         note = f", {unprobed} not probed yet" if unprobed else ""
         parts.append(f"{name} ({healthy}/{len(states)} replica{'s' if len(states) != 1 else ''} healthy{note})")
-    return f"kvgate ready on {url} - pools {', '.join(parts)}"
+    return ", ".join(parts)
 
 
 def _available(replica: Any) -> bool:

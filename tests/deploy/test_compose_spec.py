@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 
 from tests.deploy.files import (
-    COMPOSE,
-    COMPOSE_CPU,
     ENV_EXAMPLE,
     ROOT,
+    STACK_FILES,
     bound_port,
     effective_compose,
     kv_events_json,
@@ -30,7 +29,7 @@ from tests.deploy.files import (
     read_env_file,
 )
 
-STACKS = {"gpu": (COMPOSE,), "cpu": (COMPOSE, COMPOSE_CPU)}
+STACKS = STACK_FILES
 REQUIRED = ("KVGATE_SALT_SECRET", "GRAFANA_ADMIN_PASSWORD", "SPECULATIVE_CONFIG")
 # `!reset`, which docker-compose.cpu.yml uses, arrived in 2.24.
 MIN_VERSION = (2, 24)
@@ -102,12 +101,14 @@ def _ours(svc: dict[str, Any]) -> dict[str, Any]:
         volumes.add((source, dst, mode == ["ro"]))
     ports = set()
     for p in svc.get("ports", []):
-        published, target = p.rsplit(":", 1)
-        ports.add((published, int(target)))
+        host_ip, published, target = p.split(":") if p.count(":") == 2 else ("", *p.split(":"))
+        ports.add((host_ip, published, int(target)))
+    depends_on = {k: {"condition": v["condition"], "required": v.get("required", True)}
+                  for k, v in (svc.get("depends_on") or {}).items()}  # fmt: skip
     return {
         "image": svc.get("image"), "command": svc.get("command"), "hostname": svc.get("hostname"),
         "environment": {k: str(v) for k, v in (svc.get("environment") or {}).items()},
-        "healthcheck": _healthcheck(svc), "depends_on": svc.get("depends_on") or {},
+        "healthcheck": _healthcheck(svc), "depends_on": depends_on, "pull_policy": svc.get("pull_policy"),
         "volumes": volumes, "ports": ports, "expose": {str(e) for e in svc.get("expose", [])},
         "ipc": svc.get("ipc"), "gpus": _gpus(svc), "build_args": (svc.get("build") or {}).get("args", {}),
     }
@@ -118,9 +119,11 @@ def _theirs(svc: dict[str, Any]) -> dict[str, Any]:
     return {
         "image": svc.get("image"), "command": svc.get("command"), "hostname": svc.get("hostname"),
         "environment": dict(svc.get("environment") or {}), "healthcheck": _healthcheck(svc),
-        "depends_on": {k: {"condition": v["condition"]} for k, v in (svc.get("depends_on") or {}).items()},
+        "depends_on": {k: {"condition": v["condition"], "required": v.get("required", True)}
+                       for k, v in (svc.get("depends_on") or {}).items()},
+        "pull_policy": svc.get("pull_policy"),
         "volumes": {(v["source"], v["target"], bool(v.get("read_only"))) for v in svc.get("volumes", [])},
-        "ports": {(p["published"], p["target"]) for p in svc.get("ports", [])},
+        "ports": {(p.get("host_ip", ""), p["published"], p["target"]) for p in svc.get("ports", [])},
         "expose": set(svc.get("expose", [])), "ipc": svc.get("ipc"), "gpus": _gpus(svc),
         "build_args": (svc.get("build") or {}).get("args", {}),
     }

@@ -11,7 +11,6 @@ gateway pushes). Needs the `prometheus` binary (Debian: `apt-get install prometh
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 import time
@@ -19,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -40,7 +38,10 @@ from kvlab.stack import (
     sim_argv,
     sim_ports,
 )
-from tests.deploy.files import DASHBOARDS, dashboard_targets, dashboard_variables, prometheus_name
+from tests.deploy.dashboard_eval import dashboard_outcomes
+from tests.deploy.dashboard_eval import prometheus_query as _query
+from tests.deploy.dashboard_eval import substitute as _substitute
+from tests.deploy.files import DASHBOARDS, dashboard_variables, prometheus_name
 from tests.telemetry.otlp_receiver import Received, otlp_receiver
 
 pytestmark = [
@@ -50,8 +51,6 @@ pytestmark = [
 ]
 
 SCRAPE_S = 1
-# Values Grafana would put in; every range must hold several 1 s scrapes of the burst.
-SUBSTITUTIONS = {"$__rate_interval": "1m", "$__range": "10m", "$__interval": "15s", "$tenant": ".*", "$pool": ".*"}
 
 
 @dataclass
@@ -129,12 +128,6 @@ def _join_a_replica(es: ExitStack, logs: Path, kvgate: list[str], ports: dict[st
         time.sleep(0.5)
 
 
-def _query(prom: str, expr: str) -> dict[str, Any]:
-    r = httpx.post(f"{prom}/api/v1/query", data={"query": expr}, timeout=10)
-    body: dict[str, Any] = r.json()
-    return body
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("deploy-stack")
@@ -174,30 +167,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield Stack(gateway, prometheus, received, logs)
 
 
-def _substitute(expr: str) -> str:
-    for var, value in SUBSTITUTIONS.items():
-        expr = expr.replace(var, value)
-    return expr
-
-
-def _finite(result: list[dict[str, Any]]) -> bool:
-    return any(math.isfinite(float(s["value"][1])) for s in result)
-
-
 def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
-    failures = []
-    evaluated = 0
-    for path in DASHBOARDS:
-        for title, expr in dashboard_targets(path):
-            body = _query(stack.prometheus, _substitute(expr))
-            evaluated += 1
-            if body.get("status") != "success":
-                failures.append(f"{path.name} / {title}: {body.get('error')}\n    {expr}")
-            elif not body["data"]["result"]:
-                failures.append(f"{path.name} / {title}: no data\n    {expr}")
-            elif not _finite(body["data"]["result"]):
-                failures.append(f"{path.name} / {title}: only NaN/Inf\n    {expr}")
-    assert evaluated > 30
+    outcomes = dashboard_outcomes(stack.prometheus)
+    failures = [f"{name} / {title}: {result}\n    {expr}" for name, title, expr, result in outcomes if result != "data"]
+    assert len(outcomes) > 30
     assert not failures, "\n".join(failures)
 
 

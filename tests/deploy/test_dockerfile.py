@@ -87,12 +87,26 @@ def test_image_installs_the_core_only_unless_asked() -> None:
     gw = effective_compose(COMPOSE)["services"]["gateway"]
     assert not (gw["build"].get("args") or {}).get("EXTRAS"), "the production gateway image has no extras"
 
+
 def test_cpu_stack_images_carry_the_lab_extras_under_their_own_tag() -> None:
     prod = effective_compose(COMPOSE)["services"]["gateway"]["image"]
     cpu = effective_compose(COMPOSE, COMPOSE_CPU)["services"]
     sims = [name for name, svc in cpu.items() if svc.get("command", [])[:2] == ["kvgate", "sim"]]
     assert sims
-    for name in [*sims, "gateway"]:
-        extras = cpu[name]["build"]["args"]["EXTRAS"].split(",")
-        assert {"sim", "bench"} <= set(extras), f"{name}: kvgate sim and bench (docs/deploy.md) need their extras"
-        assert cpu[name]["image"] != prod, f"{name}: a sim-extra build must not reuse the core image's tag"
+    extras = cpu["gateway"]["build"]["args"]["EXTRAS"].split(",")
+    assert {"sim", "bench"} <= set(extras), "kvgate sim and bench (docs/deploy.md) need their extras"
+    assert cpu["gateway"]["image"] != prod, "a sim-extra build must not reuse the core image's tag"
+    for name in sims:
+        assert cpu[name]["image"] == cpu["gateway"]["image"], f"{name}: runs the gateway's lab image"
+
+
+def test_one_build_per_image_and_no_pull_of_an_image_compose_builds() -> None:
+    for files in ((COMPOSE,), (COMPOSE, COMPOSE_CPU)):
+        services = effective_compose(*files)["services"]
+        built = [name for name, svc in services.items() if "build" in svc]
+        assert len({services[n]["image"] for n in built}) == len(built), f"{files}: an image is built twice"
+        for name, svc in services.items():
+            if name in built:
+                assert svc.get("pull_policy") == "build", f"{name}: built here, never pulled"
+            elif any(svc["image"] == services[b]["image"] for b in built):
+                assert svc.get("pull_policy") == "never", f"{name}: runs an image compose builds; never pull it"
