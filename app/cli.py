@@ -130,7 +130,7 @@ async def _announce_when_probed(url: str, cfg: GatewayConfig, app: object, worke
     if waiting:
         # Listening is not ready: /ready says 503 until every model has a healthy replica; say which wait.
         print(f"kvgate listening on {url}, not ready: no healthy replica for model(s) {', '.join(waiting)}"
-              f" - pools {_pools_line(cfg, replicas)}{workers}", flush=True)  # fmt: skip
+              f" - pools {_pools_line(cfg, replicas)}{workers}", flush=True)
         # Health probes set no event; polling the gateway's own answer once a second is enough for one line.
         while _unready_models(app):  # noqa: ASYNC110
             await asyncio.sleep(_READY_POLL_S)

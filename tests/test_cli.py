@@ -82,19 +82,19 @@ def test_serve_says_ready_only_once_every_model_has_a_healthy_replica(tmp_path: 
         "pools": {"main": {"role": "interactive", "served_model": "m", "replicas": [f"http://127.0.0.1:{engine}"],
                            "price": {"input_per_m": 1.0, "cached_input_per_m": 0.1, "output_per_m": 2.0}}},
         "routing": {"probe_interval_s": 0.2, "healthy_after": 1, "unhealthy_after": 1},
-    }))  # fmt: skip
+    }))
     run = [sys.executable, "-m", "app.cli"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with contextlib.ExitStack() as es:
         proc = subprocess.Popen([*run, "serve", "--config", str(path)], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         es.callback(stop, proc)
         first = _line(proc, time.monotonic() + 30)
         url = f"http://127.0.0.1:{gateway}"
         waiting = f"kvgate listening on {url}, not ready: no healthy replica for model(s) m - pools main (0/1"
         assert first.startswith(waiting), first
         sim = subprocess.Popen([*run, "sim", "--port", str(engine), "--model", "m"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         es.callback(stop, sim)
         ready = _line(proc, time.monotonic() + 60)
         assert ready.startswith(f"kvgate ready on {url} - pools main (1/1 replica healthy)"), ready

@@ -51,7 +51,7 @@ GPU = effective_compose(COMPOSE)
 CPU = effective_compose(COMPOSE, COMPOSE_CPU)
 # What scripts/compose-airgapped.sh runs: real vLLM-CPU engines, no collector, no Grafana.
 VLLM_CPU = effective_compose(COMPOSE, COMPOSE_VLLM_CPU, COMPOSE_AIRGAPPED,
-                             env={**read_env_file(ENV_EXAMPLE), "SERVED_MODEL_NAME": "smollm2-135m"})  # fmt: skip
+                             env={**read_env_file(ENV_EXAMPLE), "SERVED_MODEL_NAME": "smollm2-135m"})
 STACKS = {"gpu": GPU, "cpu": CPU, "vllm-cpu": VLLM_CPU}
 PROMETHEUS = yaml.safe_load((ROOT / "config" / "prometheus.yml").read_text())
 COLLECTOR = yaml.safe_load((ROOT / "config" / "otel-collector.yaml").read_text())

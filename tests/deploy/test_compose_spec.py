@@ -104,7 +104,7 @@ def _ours(svc: dict[str, Any]) -> dict[str, Any]:
         host_ip, published, target = p.split(":") if p.count(":") == 2 else ("", *p.split(":"))
         ports.add((host_ip, published, int(target)))
     depends_on = {k: {"condition": v["condition"], "required": v.get("required", True)}
-                  for k, v in (svc.get("depends_on") or {}).items()}  # fmt: skip
+                  for k, v in (svc.get("depends_on") or {}).items()}
     return {
         "image": svc.get("image"), "command": svc.get("command"), "hostname": svc.get("hostname"),
         "environment": {k: str(v) for k, v in (svc.get("environment") or {}).items()},

@@ -56,7 +56,7 @@ class Stack:
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """`docker compose <args>` on the test's project, files and env file (the script's `compose`)."""
         return subprocess.run([str(SCRIPT), "compose", *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+                              timeout=timeout)
 
     def spend_micros(self) -> int:
         """acme's spend this month, read from Redis inside its container."""
@@ -80,7 +80,7 @@ class Stack:
         """The container's health status (starting, healthy, unhealthy)."""
         cid = self.compose("ps", "-q", service, timeout=60).stdout.strip()
         out = subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}", cid], capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+                             text=True, timeout=60)
         return out.stdout.strip()
 
 
@@ -141,7 +141,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     }
     env_file.write_text("".join(f"{k}='{v}'\n" for k, v in values.items()))
     env = {**os.environ, "KVGATE_COMPOSE_ENV": str(env_file), "KVGATE_COMPOSE_PROJECT": PROJECT,
-           "KVGATE_COMPOSE_OVERRIDE": str(_fast_scrapes(tmp))}  # fmt: skip
+           "KVGATE_COMPOSE_OVERRIDE": str(_fast_scrapes(tmp))}
     st = Stack(f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{prometheus_port}", env, say)
 
     t0 = time.monotonic()
@@ -159,7 +159,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     assert out.returncode == 0, out.stderr[-3000:]
     st.timings["images"] = time.monotonic() - t0
     say("images: " + "; ".join(ln.removeprefix("[compose-airgapped] ") for ln in out.stderr.splitlines()
-                               if "built in" in ln or "up to date" in ln or "used as it is" in ln))  # fmt: skip
+                               if "built in" in ln or "up to date" in ln or "used as it is" in ln))
     st.compose("down", "-v", "--remove-orphans", timeout=300)  # what an interrupted run may have left
     failed_before = request.session.testsfailed
     try:
@@ -169,7 +169,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         assert out.returncode == 0, out.stderr[-6000:]
         say("Grafana and the OpenTelemetry collector are not run (compose profile `telemetry`, not enabled: no image "
             "of either without a registry); Prometheus scrapes the gateway directly and the dashboards are checked "
-            "against it")  # fmt: skip
+            "against it")
         _wait("gateway /ready", lambda: httpx.get(f"{st.gateway}/ready", timeout=5).status_code == 200, 300)
         st.timings["ready"] = time.monotonic() - t0
         say(
@@ -185,10 +185,10 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         t0 = time.monotonic()
         down = st.compose("down", "-v", "--remove-orphans", "--timeout", "30", timeout=600)
         left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}"],
-                              capture_output=True, text=True, timeout=60).stdout.split()  # fmt: skip
+                              capture_output=True, text=True, timeout=60).stdout.split()
         volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter",
                                   f"label=com.docker.compose.project={PROJECT}"],
-                                 capture_output=True, text=True, timeout=60).stdout.split()  # fmt: skip
+                                 capture_output=True, text=True, timeout=60).stdout.split()
         say(f"down -v in {time.monotonic() - t0:.0f} s: {len(left)} container(s), {len(volumes)} volume(s) left")
         assert down.returncode == 0 and not left and not volumes, down.stderr
 
@@ -262,9 +262,9 @@ def test_responses_and_messages_and_their_streams_through_the_published_port(sta
 def _stream_cost(st: Stack) -> float:
     """A raw OpenAI stream's cost, from the `: x-kvgate-cost-usd` comment line before [DONE]."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 12,
-            "stream": True}  # fmt: skip
+            "stream": True}
     with httpx.stream("POST", f"{st.gateway}/v1/chat/completions", json=body, timeout=300,
-                      headers={"authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+                      headers={"authorization": f"Bearer {KEY}"}) as r:
         assert r.status_code == 200
         costs = [line.split()[-1] for line in r.iter_lines() if line.startswith(": x-kvgate-cost-usd")]
     assert len(costs) == 1, "a stream ends with its cost"
@@ -281,7 +281,7 @@ def test_spend_in_redis_is_the_cost_each_client_was_told(stack: Stack) -> None:
     raw = oai(stack).responses.with_raw_response.create(model=MODEL, input="Say hi.", max_output_tokens=8)
     told.append(float(raw.headers["x-kvgate-cost-usd"]))
     msg = ant(stack).messages.with_raw_response.create(model=MODEL, max_tokens=8,
-                                                       messages=[{"role": "user", "content": "Say hi."}])  # fmt: skip
+                                                       messages=[{"role": "user", "content": "Say hi."}])
     told.append(float(msg.headers["x-kvgate-cost-usd"]))
     told.append(_stream_cost(stack))
     want = sum(usd_to_micros(c) for c in told)
@@ -340,9 +340,9 @@ def test_the_gateway_serves_through_a_restart_of_vllm_fast(stack: Stack) -> None
     during = [_chat(stack, "interactive", f"Hello while fast restarts, {i}.")[0]["pool"] for i in range(3)]
     _wait("vllm-fast healthy again", lambda: stack.health("vllm-fast") == "healthy", 900, every=5)
     back = _wait("interactive routed to fast again",
-                 lambda: _chat(stack, "interactive", "Hello again.")[0]["pool"] == "fast", 300, every=3)  # fmt: skip
+                 lambda: _chat(stack, "interactive", "Hello again.")[0]["pool"] == "fast", 300, every=3)
     stack.say(f"restart vllm-fast: answered during it from {sorted(set(during))}; fast again after "
-              f"{time.monotonic() - t0:.0f} s")  # fmt: skip
+              f"{time.monotonic() - t0:.0f} s")
     assert back
 
 
@@ -357,4 +357,4 @@ def test_spend_survives_a_redis_restart(stack: Stack) -> None:
     _, cost = _chat(stack, "interactive", "Hello after Redis restarted.")
     assert cost is not None
     _wait("the next charge lands in the restarted Redis",
-          lambda: stack.spend_micros() - before >= usd_to_micros(cost), 60, every=0.5)  # fmt: skip
+          lambda: stack.spend_micros() - before >= usd_to_micros(cost), 60, every=0.5)

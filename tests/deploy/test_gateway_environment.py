@@ -31,7 +31,7 @@ def load_in_a_process(config: str, env: Mapping[str, str], tmp: Path) -> dict[st
     path.write_text(config)
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
     out = subprocess.run([sys.executable, "-c", _LOAD, str(path)], env={**base, **env}, cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"the gateway refuses its environment:\n{out.stdout}{out.stderr}"
     loaded: dict[str, Any] = json.loads(out.stdout)
     return loaded
