@@ -14,13 +14,33 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.config import ModelConfig
+from app.context import Tenant
 from app.normalize import VolatilityMemory, normalize
-from tests.normalize.helpers import NOW, model, tenant
-from tests.normalize.prefix_model import PrefixCache, render
-from tests.normalize.test_captured_agents import FIXTURES, SURFACES
+from app.sim.prefix_replay import PrefixCache, render
+from app.surfaces import CHAT, MESSAGES, RESPONSES, Surface
+
+NOW = datetime(2026, 11, 30, 1, 0, 0, tzinfo=UTC)  # the captures' day (normalize pins dates against it)
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "agents"
+SURFACES: dict[str, tuple[str, Surface]] = {
+    "/v1/messages": ("messages", MESSAGES),
+    "/v1/chat/completions": ("chat", CHAT),
+    "/v1/responses": ("responses", RESPONSES),
+}
+
+
+def model() -> ModelConfig:
+    """The public model the captures were sent to (tail placement in the system text)."""
+    return ModelConfig(name="m", pools=["fast"], tail_placement="system")
+
+
+def tenant() -> Tenant:
+    """A tenant with normalization on."""
+    return Tenant(id="acme", normalize="on")
 
 Hits = dict[str, list[tuple[int, int]]]
 
@@ -39,7 +59,7 @@ def replay(rows: list[dict[str, Any]], on: bool) -> tuple[Hits, set[str]]:
         body = row["body"]
         if on:
             headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
-            body, report = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
+            body, report = normalize(body, surface=surface, tenant=tenant(), model=model(), memory=memory,
                                      opt_out=False, now=NOW, headers=headers)
             headers_seen.add(report.header())
         hit = cache.serve(render(name, body))

@@ -125,6 +125,32 @@ KV_EVENTS_INDEX_BLOCKS = MetricSpec("gateway.kv_events.index_blocks", "{block}",
 KV_EVENTS_FALLBACKS = MetricSpec(
     "gateway.kv_events.fallbacks", "{pick}", "kv_events picks that fell back to prefix affinity"
 )
+TPOT_DECISIONS = MetricSpec(
+    "gateway.tpot.decisions", "{request}",
+    "Interactive requests whose pool the predicted TPOT chose, by pool chosen, kind and outcome",
+    ("pool", "kind", "outcome"),
+)
+TPOT_PREDICTED = MetricSpec(
+    "gateway.tpot.predicted", "s", "Predicted TPOT summed over the requests the prediction routed", ("pool",)
+)
+TPOT_OBSERVED = MetricSpec(
+    "gateway.tpot.observed", "s", "Observed TPOT summed over the requests the prediction routed", ("pool",)
+)
+TPOT_COMPARED = MetricSpec(
+    "gateway.tpot.compared", "{request}", "Requests whose predicted and observed TPOT were compared", ("pool",)
+)
+# No unit "1" on the ratios: the collector would append _ratio and the SDK's exporter not; named with it.
+TPOT_ERROR = MetricSpec(
+    "gateway.tpot.error_ratio", "", "Median |predicted - observed| / observed TPOT, last 256 requests", ("pool",)
+)
+SPEC_ACCEPTANCE = MetricSpec(
+    "gateway.spec.acceptance_ratio", "", "Accepted / proposed draft tokens per speculative pool", ("pool",)
+)
+SPEC_TOKENS_PER_STEP = MetricSpec(
+    "gateway.spec.tokens_per_step", "{token}",
+    "Expected tokens per decode step on a speculative pool: the pool's (tenant empty) and per tenant and kind",
+    ("pool", "tenant", "kind"),
+)
 KV_EVENTS_BATCHES = MetricSpec(
     "gateway.kv_events.batches", "{batch}", "Event batches received from a replica's stream", ("replica",)
 )
@@ -189,7 +215,9 @@ METER_METRICS = (
     (KV_EVENTS_RECEIVED, "counter"), (KV_EVENTS_GAPS, "counter"), (KV_EVENTS_REPLAYS, "counter"),
     (KV_EVENTS_LAG, "gauge"), (KV_EVENTS_WHOLE, "gauge"), (KV_EVENTS_INDEX_BLOCKS, "gauge"),
     (KV_EVENTS_FALLBACKS, "counter"), (KV_EVENTS_BATCHES, "counter"), (KV_EVENTS_STREAM_ISSUES, "counter"),
-    (KV_EVENTS_MAX_LAG, "gauge"), (DISCOVERY_REPLICAS, "gauge"), (DISCOVERY_ERRORS, "counter"),
+    (KV_EVENTS_MAX_LAG, "gauge"), (TPOT_DECISIONS, "counter"), (TPOT_PREDICTED, "counter"),
+    (TPOT_OBSERVED, "counter"), (TPOT_COMPARED, "counter"), (TPOT_ERROR, "gauge"), (SPEC_ACCEPTANCE, "gauge"),
+    (SPEC_TOKENS_PER_STEP, "gauge"), (DISCOVERY_REPLICAS, "gauge"), (DISCOVERY_ERRORS, "counter"),
     (DISCOVERY_CHANGES, "counter"), (PREWARM_REQUESTS, "counter"), (PREWARM_RUNS, "counter"),
     (PREWARM_DURATION, "histogram"), (PREWARM_TOKENS, "counter"), (REPLICAS, "gauge"),
     (PEER_LOAD_PROCESSES, "gauge"), (PEER_LOAD_IN_FORCE, "gauge"), (PEER_LOAD_EXCHANGES, "counter"),
@@ -240,6 +268,13 @@ PROMETHEUS_NAMES = {
     KV_EVENTS_BATCHES.name: "gateway_kv_events_batches_total",
     KV_EVENTS_STREAM_ISSUES.name: "gateway_kv_events_stream_issues_total",
     KV_EVENTS_MAX_LAG.name: "gateway_kv_events_max_lag_seconds",
+    TPOT_DECISIONS.name: "gateway_tpot_decisions_total",
+    TPOT_PREDICTED.name: "gateway_tpot_predicted_seconds_total",
+    TPOT_OBSERVED.name: "gateway_tpot_observed_seconds_total",
+    TPOT_COMPARED.name: "gateway_tpot_compared_total",
+    TPOT_ERROR.name: "gateway_tpot_error_ratio",
+    SPEC_ACCEPTANCE.name: "gateway_spec_acceptance_ratio",
+    SPEC_TOKENS_PER_STEP.name: "gateway_spec_tokens_per_step",
     DISCOVERY_REPLICAS.name: "gateway_discovery_replicas",
     DISCOVERY_ERRORS.name: "gateway_discovery_errors_total",
     DISCOVERY_CHANGES.name: "gateway_discovery_changes_total",

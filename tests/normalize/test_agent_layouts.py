@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from app.normalize import VolatilityMemory, normalize
+from app.sim.prefix_replay import PrefixCache, render
 from app.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from tests.normalize.agent_bodies import SESSIONS, Request, Workspace
 from tests.normalize.helpers import NOW, model, tenant
-from tests.normalize.prefix_model import PrefixCache, render
 
 SURFACE: dict[str, Surface] = {"messages": MESSAGES, "chat": CHAT, "responses": RESPONSES}
 HOME = Workspace()

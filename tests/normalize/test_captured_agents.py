@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from app.normalize import VolatilityMemory, normalize
+from app.sim.prefix_replay import BLOCK_TOKENS, PrefixCache, render
 from app.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from tests.normalize.helpers import NOW, model, tenant
-from tests.normalize.prefix_model import BLOCK_TOKENS, PrefixCache, render
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agents"
 SURFACES: dict[str, tuple[str, Surface]] = {

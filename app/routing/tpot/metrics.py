@@ -15,6 +15,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from app.routing.tpot.kind import KINDS
 from app.routing.tpot.router import OUTCOMES, TpotRouter
+from app.telemetry import instruments as ins
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -57,27 +58,9 @@ def register_tpot_metrics(meter: Meter, router: TpotRouter) -> None:
             for tenant, kind, value in model.acceptance.by_key():
                 yield Observation(value, {"pool": name, "tenant": tenant, "kind": kind})
 
-    meter.create_observable_counter(
-        "gateway.tpot.decisions", [decisions], "{request}",
-        "Interactive requests whose pool the predicted TPOT chose, by pool chosen, kind and outcome",
-    )
-    meter.create_observable_counter(
-        "gateway.tpot.predicted", [compared(0)], "s", "Predicted TPOT summed over the requests the prediction routed"
-    )
-    meter.create_observable_counter(
-        "gateway.tpot.observed", [compared(1)], "s", "Observed TPOT summed over the requests the prediction routed"
-    )
-    meter.create_observable_counter(
-        "gateway.tpot.compared", [compared(2)], "{request}", "Requests whose predicted and observed TPOT were compared"
-    )
-    # No unit "1" on the ratios: the collector would append _ratio and the SDK's exporter not; named with it.
-    meter.create_observable_gauge(
-        "gateway.tpot.error_ratio", [error], "", "Median |predicted - observed| / observed TPOT, last 256 requests"
-    )
-    meter.create_observable_gauge(
-        "gateway.spec.acceptance_ratio", [acceptance], "", "Accepted / proposed draft tokens per speculative pool"
-    )
-    meter.create_observable_gauge(
-        "gateway.spec.tokens_per_step", [tokens_per_step], "{token}",
-        "Expected tokens per decode step on a speculative pool: the pool's (tenant empty) and per tenant and kind",
-    )
+    for spec, callback in (
+        (ins.TPOT_DECISIONS, decisions), (ins.TPOT_PREDICTED, compared(0)), (ins.TPOT_OBSERVED, compared(1)),
+        (ins.TPOT_COMPARED, compared(2)), (ins.TPOT_ERROR, error), (ins.SPEC_ACCEPTANCE, acceptance),
+        (ins.SPEC_TOKENS_PER_STEP, tokens_per_step),
+    ):
+        ins.observe(meter, spec, callback)

@@ -1,4 +1,5 @@
-"""A prefix-cache model for normalize tests: render a body as `kvgate sim` does, then hash it in chained blocks.
+"""A prefix-cache replay of request bodies: render a body as `kvgate sim` does, then hash it in chained blocks
+(normalize's capture tests and experiments/normalize_captures.py read cached/prompt from it offline).
 
 The sim converts Messages and Responses bodies to chat messages the way vLLM does (app/sim/messages.py,
 app/sim/responses.py) and renders them with tools after the first system text (app/sim/template.py, the
