@@ -28,6 +28,11 @@ class TpotSettings(StrictModel):
         96, ge=8, le=1024,
         description="(decode batch, step time) points kept per pool for the fit; older ones are dropped.",
     )
+    stale_s: float = Field(
+        30.0, gt=0.0,
+        description="A class's pool that the router has sent no decoding request for this long gets one request "
+        "per this interval anyway (outcome `probe`): its step times are then measured again, not remembered.",
+    )
     sessions: int = Field(
         8192, ge=0,
         description="Sessions (routing-key hashes, no content) whose last pool is remembered for affinity: a "

@@ -30,16 +30,24 @@ def _delta(prev: Mapping[str, float], cur: Mapping[str, float], name: str) -> fl
 class PoolModel:
     """One pool's step-time fit, acceptance and prefill speed; `refresh` takes in new scrapes."""
 
-    __slots__ = ("_seen", "acceptance", "fit", "intervals", "name", "prefill_s_per_token", "speculative")
+    __slots__ = (
+        "_seen", "acceptance", "clock", "fit", "intervals", "last_decode", "name", "prefill_s_per_token",
+        "speculative", "window",
+    )
 
     def __init__(self, name: str, *, speculative: bool, window: int, prior_streams: float) -> None:
         self.name = name
         # Configured (pools.<p>.speculative), or seen: a replica that publishes spec-decode counters speculates.
         self.speculative = speculative
+        self.window = window
         self.fit = StepFit(window)
         self.acceptance = PoolAcceptance(prior_streams)
         self.prefill_s_per_token = DEFAULT_PREFILL_S_PER_TOKEN
         self.intervals = 0  # scrape intervals that had decode steps
+        # Scrape clock (ReplicaState.last_scrape) of the newest scrape seen, and of the newest interval with decode
+        # steps: the router probes a pool it avoids once its data is older than `routing.tpot.stale_s`.
+        self.clock = 0.0
+        self.last_decode = 0.0
         self._seen: dict[str, tuple[float, Mapping[str, float]]] = {}
 
     def refresh(self, replicas: Iterable[ReplicaState]) -> None:
@@ -49,11 +57,18 @@ class PoolModel:
             if seen is None or seen[0] != r.last_scrape:
                 if r.last_scrape:
                     self._seen[r.url] = (r.last_scrape, r.counters)
+                    self.clock = max(self.clock, r.last_scrape)
                 if seen is not None and r.counters:
-                    self._ingest(r.last_scrape - seen[0], seen[1], r.counters)
+                    self._ingest(r.last_scrape, r.last_scrape - seen[0], seen[1], r.counters)
 
-    def _ingest(self, dt: float, prev: Mapping[str, float], cur: Mapping[str, float]) -> None:
+    def _ingest(self, now: float, dt: float, prev: Mapping[str, float], cur: Mapping[str, float]) -> None:
         if dt <= 0:
+            return
+        if cur.get(m.ITL_COUNT, 0.0) < prev.get(m.ITL_COUNT, 0.0):
+            # A counter went back: the engine restarted, maybe with other flags. What it did before says nothing
+            # of it now; the router stands aside until this pool has `min_samples` new intervals.
+            self.fit = StepFit(self.window)
+            self.intervals = 0
             return
         itl_sum = _delta(prev, cur, m.ITL_SUM)
         steps = _delta(prev, cur, m.ITL_COUNT)
@@ -61,6 +76,7 @@ class PoolModel:
             # Σ over steps of (decoding sequences x step time) / wall time = the time-averaged decode batch.
             self.fit.add(itl_sum / dt, itl_sum / steps)
             self.intervals += 1
+            self.last_decode = now
         if m.SPEC_DRAFT_TOKENS in cur:
             self.speculative = True
             accepted = _delta(prev, cur, m.SPEC_ACCEPTED)
@@ -73,6 +89,11 @@ class PoolModel:
     def ready(self, min_samples: int) -> bool:
         """Enough intervals with decode steps for the fit to be used."""
         return self.intervals >= min_samples
+
+    def stale(self, now: float, stale_s: float) -> bool:
+        """No interval with decode steps for `stale_s` up to `now` (the scrape clock): what the fit says of this
+        pool is what it was when it last had traffic."""
+        return now - self.last_decode > stale_s
 
     def tokens_per_step(self, tenant: str, kind: str) -> float:
         """Tokens per decode step for this tenant's request of this kind (1 on a pool that does not speculate)."""

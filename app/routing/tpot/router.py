@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from app.config import GatewayConfig
     from app.context import RequestContext
 
-OUTCOMES = ("kept", "moved", "affinity")
+OUTCOMES = ("kept", "moved", "affinity", "probe")
 ERROR_WINDOW = 256
 # Online calibration per (pool, kind): each compared request moves the correction factor this far toward its
 # observed / predicted ratio (in log space: ~30 requests to take in a step change), within these bounds. It takes
@@ -63,6 +63,8 @@ class TpotRouter:
         # Read on every pick: plain attributes, and each (tenant, kind)'s expected length until the next one settles.
         self._need, self._keep = s.min_samples, 1.0 - s.hysteresis
         self._max_sessions = s.sessions
+        self._stale_s = s.stale_s
+        self._probed: dict[str, float] = {}  # pool -> scrape clock of the last request sent to it as a probe
         self._level: dict[tuple[str, str], float] = {}
 
     @classmethod
@@ -102,6 +104,14 @@ class TpotRouter:
         lost = prompt_tokens * challenger.prefill_s_per_token if prev is not None else 0.0
         move = ch_total + lost < margin
         outcome = "moved" if move else ("affinity" if ch_total < margin else "kept")
+        if move and not on_other:
+            # Leaving the class's pool: if that pool has had no decode steps for a while, its fit is what it was
+            # when traffic left it (a restart's warm-up, a burst that has passed) and nothing would ever correct
+            # it. One request per `stale_s` goes there anyway, and its steps are the next scrape's new point.
+            now = max(hm.clock, om.clock)
+            if hm.stale(now, self._stale_s) and now - self._probed.get(home.name, -self._stale_s) >= self._stale_s:
+                self._probed[home.name] = now
+                move, outcome = False, "probe"
         to_other = on_other != move
         chosen, tpot = (other.name, o_tpot) if to_other else (home.name, h_tpot)
         if self._max_sessions and prev != chosen:

@@ -183,3 +183,53 @@ def test_observed_tpot_steadily_above_the_prediction_calibrates_the_next_predict
     assert last.prediction is not None
     assert last.prediction.tpot_s == pytest.approx(first.prediction.tpot_s * 1.3, rel=0.06)
     assert router.median_error("fast") is not None and router.median_error("fast") < 0.2
+
+
+def busy_fast_idle_bulk(fast: Engine, bulk: Engine, cluster: ClusterState) -> None:
+    """Scrapes that make bulk the faster pool for chat: the spec pool is saturated, bulk nearly idle."""
+    for b in (100, 100, 140, 180, 200):
+        fast.run(b, spec_step(b), 0.3)
+    for b in (140, 140, 150, 160):
+        bulk.run(b, bulk_step(b))
+    cluster.pools["fast"].replicas[0].external = 200
+    cluster.pools["bulk"].replicas[0].external = 150
+
+
+def test_a_class_pool_left_without_decode_steps_gets_one_probe_per_stale_interval() -> None:
+    cfg, cluster, _, fast, bulk = setup(stale_s=10)
+    busy_fast_idle_bulk(fast, bulk, cluster)
+    assert decide(cfg, cluster, CHAT_BODY, key=1).pool == "bulk"  # fresh data: moved, no probe
+    for _ in range(12):  # bulk keeps serving; fast decodes nothing, and its fit still says "saturated"
+        bulk.run(150, bulk_step(150))
+    routes = [decide(cfg, cluster, CHAT_BODY, key=k) for k in range(10, 14)]
+    assert [(r.pool, r.prediction.outcome if r.prediction else None) for r in routes] == [
+        ("fast", "probe"), ("bulk", "moved"), ("bulk", "moved"), ("bulk", "moved")]
+    for _ in range(11):  # another stale interval: the next leaving request probes again
+        bulk.run(150, bulk_step(150))
+    again = decide(cfg, cluster, CHAT_BODY, key=20)
+    assert again.pool == "fast" and again.prediction is not None and again.prediction.outcome == "probe"
+
+
+def test_a_session_on_the_other_pool_is_not_probed_back() -> None:
+    cfg, cluster, _, fast, bulk = setup(stale_s=10)
+    busy_fast_idle_bulk(fast, bulk, cluster)
+    assert decide(cfg, cluster, CHAT_BODY, key=5).pool == "bulk"
+    for _ in range(12):
+        bulk.run(150, bulk_step(150))
+    r = decide(cfg, cluster, CHAT_BODY, key=5)  # its prefix is cached on bulk: it is not the one to probe with
+    assert r.pool == "bulk" and r.prediction is not None and r.prediction.outcome == "kept"
+
+
+def test_an_engine_restart_clears_its_pools_fit_and_the_router_stands_aside_until_new_intervals() -> None:
+    cfg, cluster, router, fast, bulk = setup()
+    busy_fast_idle_bulk(fast, bulk, cluster)
+    assert decide(cfg, cluster, CHAT_BODY, key=1).reason == "tpot"
+    fast.c = dict.fromkeys(fast.c, 0.0)  # the engine came back: its counters start again from zero
+    fast.run(1, spec_step(1), 1.0)
+    model = router.pools["fast"]
+    assert len(model.fit) == 0 and not model.ready(cfg.routing.tpot.min_samples)
+    r = decide(cfg, cluster, CHAT_BODY, key=2)
+    assert (r.pool, r.prediction) == ("fast", None)
+    for b in (1, 2, 2):
+        fast.run(b, spec_step(b), 1.0)
+    assert decide(cfg, cluster, CHAT_BODY, key=3).prediction is not None  # engaged again, on the new engine's data
