@@ -7,9 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app.config.tenants import LimitsConfig, ReferencePrice
 from app.config.types import NormalizeMode, RouteClassName
 from app.prompt import PromptView
-from app.records import CallEstimate, Operation, PickedReplica, RoutePrediction, Timing, Usage
+from app.records import CallEstimate, Operation, PickedReplica, RoutePrediction, Timing, TokenPrices, Usage
 from app.store.base import LimitReason, LimitSpec
 
 if TYPE_CHECKING:
@@ -18,6 +19,14 @@ if TYPE_CHECKING:
     from app.surfaces.base import Surface
 
 RouteClass = RouteClassName
+
+# What a tenant built without config gets: no limits, and the default reference price.
+_NO_LIMITS = LimitsConfig()
+_UNLIMITED = LimitSpec()
+_REFERENCE = ReferencePrice()
+_DEFAULT_REFERENCE_PRICES = TokenPrices.per_million(
+    _REFERENCE.input_per_m, _REFERENCE.cached_input_per_m, _REFERENCE.output_per_m
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +42,12 @@ class Tenant:
     # The salt its requests carry to vLLM (None: it opted into the shared cache), computed once when the
     # registry builds the tenant (an HMAC per request is measurable).
     cache_salt: str | None = None
+    # Its limits (the config, and the spec the store enforces) and the per-token price its savings are measured
+    # against, also resolved once when the registry builds the tenant: the limits and settle stages read them
+    # here instead of looking the tenant up again per request.
+    limits: LimitsConfig = _NO_LIMITS
+    limit_spec: LimitSpec = _UNLIMITED
+    reference_prices: TokenPrices = _DEFAULT_REFERENCE_PRICES
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +122,8 @@ class RouteDecision:
 class Admission:
     """What the limits stage granted; settle hands it back to release and reconcile."""
 
-    tenant_id: str
+    tenant: Tenant  # the record tenancy resolved: its limits are the ones this admission was checked against
     lease_id: str  # also the spend record's id
-    spec: LimitSpec
     lease_taken: bool = False
     tokens_reserved: int = 0
     enforced: bool = True  # False: the store was unreachable and fail_mode is open
@@ -118,6 +132,16 @@ class Admission:
     correction: asyncio.Task[None] | None = None
     # A stream's lease renewal (a stream may outlive the lease): cancelled by settle.
     renewal: asyncio.Task[None] | None = None
+
+    @property
+    def tenant_id(self) -> str:
+        """The admitted tenant's id."""
+        return self.tenant.id
+
+    @property
+    def spec(self) -> LimitSpec:
+        """The limits the store enforces for this admission (the tenant's, built once with it)."""
+        return self.tenant.limit_spec
 
 
 @dataclass(slots=True)

@@ -9,25 +9,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from app.config import PriceConfig, ReferencePrice
 from app.context import Usage
 from app.headers import COST_USD
+from app.records import TokenPrices
 
 _PER_M = 1_000_000.0
 _SECONDS_PER_HOUR = 3600.0
 
 COST_HEADER = COST_USD
-
-
-@dataclass(frozen=True, slots=True)
-class TokenPrices:
-    """USD per token for uncached input, cached input and output."""
-
-    input_per_token: float
-    cached_input_per_token: float
-    output_per_token: float
 
 
 def gpu_cost_per_s(price: PriceConfig) -> float | None:
@@ -61,7 +52,7 @@ def pool_prices(price: PriceConfig) -> TokenPrices:
 
 def reference_prices(ref: ReferencePrice) -> TokenPrices:
     """Per-token prices of a tenant's reference (a hosted API's list price)."""
-    return TokenPrices(ref.input_per_m / _PER_M, ref.cached_input_per_m / _PER_M, ref.output_per_m / _PER_M)
+    return TokenPrices.per_million(ref.input_per_m, ref.cached_input_per_m, ref.output_per_m)
 
 
 def request_cost(usage: Usage, prices: TokenPrices) -> float:

@@ -65,13 +65,11 @@ class Gateway:
         self.dispatcher: Dispatcher | None = None
         self.path: Path | None = None
         self.store = store or create_store(cfg.store)
+        # Tenants are built here once, with their limits (a lease outliving the longest upstream read) and prices.
         self.registry = TenantRegistry(cfg, self.store)
-        # A concurrency lease must outlive the longest request the upstream timeout allows.
-        self.limiter = Limiter(
-            self.store, self.registry, cfg.store.fail_mode, lease_s=cfg.upstream.read_timeout_s + 60
-        )
+        self.limiter = Limiter(self.store, cfg.store.fail_mode)
         self.telemetry = telemetry or Telemetry(cfg.telemetry, cfg.pools)
-        self.settler = Settler(cfg, self.registry, self.limiter, self.telemetry)
+        self.settler = Settler(cfg, self.limiter, self.telemetry)
         self.memory = VolatilityMemory(
             capacity_per_tenant=cfg.normalize.memory_per_tenant, secret=cfg.normalize.salt_secret
         )

@@ -38,7 +38,6 @@ from app.headers import LIMIT, RETRY_AFTER
 from app.prompt import CHARS_PER_TOKEN, PromptView
 from app.spend import SpendLedger, spend_record
 from app.store.base import MICROS_PER_USD, LimitReason, LimitSpec, Release, Store, StoreUnavailable
-from app.tenancy import TenantRegistry
 
 if TYPE_CHECKING:
     from app.records import CallEstimate
@@ -124,38 +123,21 @@ def limit_error(reason: LimitReason, tenant_id: str, retry_after_s: float) -> Ga
 class Limiter:
     """Admits requests against a tenant's limits and settles them afterwards."""
 
-    def __init__(
-        self,
-        store: Store,
-        registry: TenantRegistry,
-        fail_mode: str,
-        *,
-        ledger: SpendLedger | None = None,
-        lease_s: float = 360.0,
-    ) -> None:
+    def __init__(self, store: Store, fail_mode: str, *, ledger: SpendLedger | None = None) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be open or closed, not {fail_mode!r}")
         self._store = store
-        self._registry = registry
         self._fail_mode: Literal["open", "closed"] = "open" if fail_mode == "open" else "closed"
         self.ledger = ledger or SpendLedger(store)
-        self._lease_s = lease_s
-        self._specs: dict[str, LimitSpec] = {}
-
-    def _spec(self, tenant_id: str, limits: LimitsConfig) -> LimitSpec:
-        # Tenants' limits are fixed for the config's life: build each spec once.
-        spec = self._specs.get(tenant_id)
-        if spec is None:
-            spec = self._specs[tenant_id] = limit_spec(limits, self._lease_s)
-        return spec
 
     async def admit(self, ctx: RequestContext) -> Admission:
         """Estimate tokens, check every limit in one store call; raise 429/503 or degrade."""
-        tenant_id = ctx.tenant_id
-        limits = self._registry.limits_for(tenant_id)
-        spec = self._spec(tenant_id, limits)
+        # The tenant's limits came with its record from tenancy (built once per tenant, app/tenancy.py).
+        tenant = ctx.tenant
+        assert tenant is not None  # the tenancy stage ran (it answers 401/503 rather than leave it unset)
+        tenant_id, limits, spec = tenant.id, tenant.limits, tenant.limit_spec
         ctx.estimated_input_tokens = estimate_input_tokens(ctx.prompt)
-        admission = Admission(tenant_id, uuid.uuid4().hex, spec)
+        admission = Admission(tenant, uuid.uuid4().hex)
         if spec.unlimited:
             return admission
         cap_fields = ctx.surface.output_cap_fields
@@ -197,7 +179,7 @@ class Limiter:
         spec = admission.spec
         if not admission.enforced or not admission.tokens_reserved or spec.tpm is None:
             return
-        weight = self._registry.limits_for(admission.tenant_id).tpm_cached_weight
+        weight = admission.tenant.limits.tpm_cached_weight
         predicted = tpm_tokens(estimate.prompt_tokens, estimate.cached_tokens, estimate.output_tokens, weight)
         target = min(max(predicted, 1), spec.tpm)
         delta = target - admission.tokens_reserved
@@ -219,11 +201,12 @@ class Limiter:
 
     async def _renew(self, admission: Admission) -> None:
         """Push the lease's expiry out every third of its life until settle cancels this (or it is lost)."""
-        every = self._lease_s / 3
+        lease_s = admission.spec.lease_s
+        every = lease_s / 3
         while True:
             await asyncio.sleep(every)
             try:
-                held = await self._store.renew_lease(admission.tenant_id, admission.lease_id, self._lease_s)
+                held = await self._store.renew_lease(admission.tenant_id, admission.lease_id, lease_s)
             except StoreUnavailable:
                 continue  # the next round may reach it; meanwhile the lease stands until it expires
             except Exception:
@@ -242,7 +225,7 @@ class Limiter:
             spend = spend_record(ctx, admission.tenant_id, admission.lease_id)
             release = None
             if admission.enforced and (admission.lease_taken or admission.tokens_reserved):
-                weight = self._registry.limits_for(admission.tenant_id).tpm_cached_weight
+                weight = admission.tenant.limits.tpm_cached_weight
                 u = ctx.usage
                 release = Release(
                     tenant_id=admission.tenant_id,

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+_PER_M = 1_000_000.0
+
 Operation = Literal["chat", "text_completion", "embeddings", "tokenize"]
 
 
@@ -42,6 +44,20 @@ class Timing:
     first_token: float = 0.0
     end: float = 0.0
     upstream_busy: float = 0.0  # seconds spent waiting on the upstream, excluded from overhead
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrices:
+    """USD per token for uncached input, cached input and output."""
+
+    input_per_token: float
+    cached_input_per_token: float
+    output_per_token: float
+
+    @classmethod
+    def per_million(cls, input_per_m: float, cached_input_per_m: float, output_per_m: float) -> TokenPrices:
+        """From the config's $ per million tokens (divided once, so a request's cost is three multiply-adds)."""
+        return cls(input_per_m / _PER_M, cached_input_per_m / _PER_M, output_per_m / _PER_M)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,9 @@ import time
 from app.admission.step import settle_ticket
 from app.config import GatewayConfig
 from app.context import RequestContext
-from app.cost import TokenPrices, pool_prices, reference_prices, request_cost, request_savings
+from app.cost import pool_prices, request_cost, request_savings
 from app.limits import Limiter
 from app.telemetry import Telemetry
-from app.tenancy import TenantRegistry
 
 _log = logging.getLogger(__name__)
 
@@ -24,28 +23,20 @@ _log = logging.getLogger(__name__)
 class Settler:
     """Prices a finished request once and hands it to the store and to telemetry, exactly once."""
 
-    def __init__(
-        self, cfg: GatewayConfig, registry: TenantRegistry, limiter: Limiter, telemetry: Telemetry
-    ) -> None:
+    def __init__(self, cfg: GatewayConfig, limiter: Limiter, telemetry: Telemetry) -> None:
         self._pool_prices = {name: pool_prices(pool.price) for name, pool in cfg.pools.items()}
-        self._registry = registry
         self._limiter = limiter
         self._telemetry = telemetry
-        self._reference: dict[str, TokenPrices] = {}
-
-    def _reference_for(self, tenant_id: str) -> TokenPrices:
-        prices = self._reference.get(tenant_id)
-        if prices is None:
-            prices = reference_prices(self._registry.reference_price_for(tenant_id))
-            self._reference[tenant_id] = prices
-        return prices
 
     def _price(self, ctx: RequestContext) -> None:
         if ctx.route is None or not ctx.usage.reported:
             return
         prices = self._pool_prices[ctx.route.pool]
         ctx.cost_usd = request_cost(ctx.usage, prices)
-        ctx.savings_usd = request_savings(ctx.usage, prices, self._reference_for(ctx.tenant_id))
+        # The reference price came with the tenant's record from tenancy (built once per tenant); a routed
+        # request always has one.
+        if ctx.tenant is not None:
+            ctx.savings_usd = request_savings(ctx.usage, prices, ctx.tenant.reference_prices)
 
     async def settle(self, ctx: RequestContext) -> None:
         """Price, record spend, release limits, end spans and record metrics; idempotent, never raises."""

@@ -26,9 +26,11 @@ import secrets
 import time
 from collections.abc import Callable
 
-from app.config import GatewayConfig, LimitsConfig, ReferencePrice, TenantConfig
+from app.config import GatewayConfig, LimitsConfig, TenantConfig
 from app.context import Tenant
+from app.cost import reference_prices
 from app.errors import invalid_key, store_unavailable
+from app.limits import limit_spec
 from app.normalize.salt import cache_salt_for
 from app.store.base import Store, StoreUnavailable
 
@@ -63,7 +65,13 @@ def keys_match(presented: str, allowed_hashes: set[str]) -> bool:
     return any(hmac.compare_digest(digest, h) for h in allowed_hashes)
 
 
-def _tenant_from(tc: TenantConfig, salt_secret: str) -> Tenant:
+def lease_seconds(cfg: GatewayConfig) -> float:
+    """How long a concurrency slot outlives a gateway that died holding it: the longest upstream read, plus a
+    minute (a live stream renews its lease long before that)."""
+    return cfg.upstream.read_timeout_s + 60
+
+
+def _tenant_from(tc: TenantConfig, salt_secret: str, lease_s: float) -> Tenant:
     return Tenant(
         id=tc.id,
         cache_salt=None if tc.shared_cache else cache_salt_for(tc.id, salt_secret),
@@ -72,6 +80,9 @@ def _tenant_from(tc: TenantConfig, salt_secret: str) -> Tenant:
         normalize_rules=frozenset(tc.normalize_rules) if tc.normalize_rules is not None else None,
         capture_content=tc.capture_content,
         shared_cache=tc.shared_cache,
+        limits=tc.limits,
+        limit_spec=limit_spec(tc.limits, lease_s),
+        reference_prices=reference_prices(tc.reference_price),
     )
 
 
@@ -84,6 +95,7 @@ class TenantRegistry:
         store: Store,
         *,
         cache_ttl_s: float | None = None,
+        lease_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._required = cfg.auth.required
@@ -91,10 +103,11 @@ class TenantRegistry:
         self._store = store
         self._ttl = cfg.auth.key_cache_ttl_s if cache_ttl_s is None else cache_ttl_s
         self._clock = clock
-        self._configs = {t.id: t for t in cfg.tenants}
         secret = cfg.normalize.salt_secret
-        self._tenants = {t.id: _tenant_from(t, secret) for t in cfg.tenants}
-        self._anonymous = self._tenants.get(ANONYMOUS, Tenant(ANONYMOUS, cache_salt=cache_salt_for(ANONYMOUS, secret)))
+        lease = lease_seconds(cfg) if lease_s is None else lease_s
+        # Each tenant is built here once, whole (salt, limits, prices): every request of it carries this record.
+        self._tenants = {t.id: _tenant_from(t, secret, lease) for t in cfg.tenants}
+        self._anonymous = self._tenants.get(ANONYMOUS) or _tenant_from(TenantConfig(id=ANONYMOUS), secret, lease)
         # Hashes only: the plaintext of config keys is dropped here.
         self._config_keys = {hash_key(k): t.id for t in cfg.tenants for k in t.api_keys}
         self._cache: dict[str, tuple[str | None, float]] = {}
@@ -120,14 +133,10 @@ class TenantRegistry:
         return sorted(self._tenants)
 
     def limits_for(self, tenant_id: str) -> LimitsConfig:
-        """The tenant's limits (no limits for an unknown/anonymous tenant without config)."""
-        tc = self._configs.get(tenant_id)
-        return tc.limits if tc is not None else LimitsConfig()
-
-    def reference_price_for(self, tenant_id: str) -> ReferencePrice:
-        """The cloud price the tenant's savings are measured against."""
-        tc = self._configs.get(tenant_id)
-        return tc.reference_price if tc is not None else ReferencePrice()
+        """The tenant's limits (no limits for an unknown/anonymous tenant without config); for the admin API; the
+        request path reads them from its tenant record."""
+        tenant = self._tenants.get(tenant_id)
+        return tenant.limits if tenant is not None else LimitsConfig()
 
     async def resolve(self, authorization: str | None, api_key: str | None = None) -> Tenant:
         """The tenant an `Authorization: Bearer` (or Anthropic's `x-api-key`) header names. No key: anonymous

@@ -84,7 +84,7 @@ def ctx() -> RequestContext:
 async def per_request(store: Store) -> Callable[[], Awaitable[None]]:
     reg = TenantRegistry(CFG, store)
     await reg.load()
-    lim = Limiter(store, reg, "open")
+    lim = Limiter(store, "open")
 
     async def one() -> None:
         c = ctx()

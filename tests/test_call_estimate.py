@@ -13,16 +13,15 @@ from app.limits import Limiter, tpm_tokens
 from app.records import PromptBlocks
 from app.store.base import Release, SpendRecord, Store, StoreUnavailable
 from app.store.memory import MemoryStore
-from app.tenancy import TenantRegistry
-from tests.store.helpers import config, make_ctx
+from tests.store.helpers import make_ctx, tenant_of
 
 
 def chat(max_tokens: int) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
 
 
-def limiter(store: Store, **limits: Any) -> Limiter:
-    return Limiter(store, TenantRegistry(config(acme_limits=limits), store), "open")
+def limiter(store: Store) -> Limiter:
+    return Limiter(store, "open")
 
 
 def test_without_hashed_blocks_the_estimate_is_the_limits_stages_and_nothing_is_cached() -> None:
@@ -48,26 +47,28 @@ def test_a_cached_token_counts_its_weight_in_the_tpm_window() -> None:
 
 
 async def test_the_reservation_moves_to_the_estimate_before_the_call_and_frees_the_window(any_store: Store) -> None:
-    lim = limiter(any_store, tpm=1000, tpm_cached_weight=0.0)
-    first = make_ctx(body=chat(900))
+    acme = tenant_of(tpm=1000, tpm_cached_weight=0.0)
+    lim = limiter(any_store)
+    first = make_ctx(acme, body=chat(900))
     admission = await lim.admit(first)
     with pytest.raises(GatewayError):
-        await lim.admit(make_ctx(body=chat(600)))
+        await lim.admit(make_ctx(acme, body=chat(600)))
     # The pick found 592 of the 600 prompt tokens cached and the output is capped at 300 by now.
     lim.reserve_estimate(admission, CallEstimate(600, 592, 300, True))
     assert admission.tokens_reserved == 308 and admission.correction is not None
     await admission.correction
-    await lim.admit(make_ctx(body=chat(600)))
+    await lim.admit(make_ctx(acme, body=chat(600)))
 
 
 async def test_settle_after_a_moved_reservation_charges_the_actual_weighted_usage(any_store: Store) -> None:
-    lim = limiter(any_store, tpm=1000, tpm_cached_weight=0.0)
-    ctx = make_ctx(body=chat(900))
+    acme = tenant_of(tpm=1000, tpm_cached_weight=0.0)
+    lim = limiter(any_store)
+    ctx = make_ctx(acme, body=chat(900))
     admission = await lim.admit(ctx)
     lim.reserve_estimate(admission, CallEstimate(600, 592, 300, True))
     ctx.usage = Usage(prompt_tokens=600, cached_tokens=592, completion_tokens=30, reported=True)
     await lim.settle(ctx, admission)  # waits for the move, then corrects 308 → 38
-    await lim.admit(make_ctx(body=chat(900)))
+    await lim.admit(make_ctx(acme, body=chat(900)))
 
 
 async def test_settle_waits_for_a_failed_move_and_corrects_from_what_the_window_holds() -> None:
@@ -80,18 +81,19 @@ async def test_settle_waits_for_a_failed_move_and_corrects_from_what_the_window_
                 raise StoreUnavailable("blip")
             await super().settle(release, spend)
 
-    lim = limiter(FirstWriteFails(), tpm=1000, tpm_cached_weight=0.0)
-    ctx = make_ctx(body=chat(900))
+    acme = tenant_of(tpm=1000, tpm_cached_weight=0.0)
+    lim = limiter(FirstWriteFails())
+    ctx = make_ctx(acme, body=chat(900))
     admission = await lim.admit(ctx)
     lim.reserve_estimate(admission, CallEstimate(600, 592, 300, True))
     ctx.usage = Usage(prompt_tokens=600, cached_tokens=592, completion_tokens=30, reported=True)
     await lim.settle(ctx, admission)  # the move failed: 905 → 38, not 308 → 38
-    await lim.admit(make_ctx(body=chat(900)))
+    await lim.admit(make_ctx(acme, body=chat(900)))
 
 
 async def test_an_estimate_equal_to_the_reservation_costs_no_store_write() -> None:
-    lim = limiter(MemoryStore(), tpm=1000)
-    ctx = make_ctx(body=chat(64))
+    lim = limiter(MemoryStore())
+    ctx = make_ctx(tenant_of(tpm=1000), body=chat(64))
     admission = await lim.admit(ctx)
     lim.reserve_estimate(admission, estimate_call(ctx))
     assert admission.correction is None
@@ -102,8 +104,8 @@ async def test_a_move_the_store_could_not_take_leaves_the_reservation_where_the_
         async def settle(self, release: Release | None, spend: SpendRecord | None) -> None:
             raise StoreUnavailable("down")
 
-    lim = limiter(Down(), tpm=1000, tpm_cached_weight=0.0)
-    admission = await lim.admit(make_ctx(body=chat(900)))
+    lim = limiter(Down())
+    admission = await lim.admit(make_ctx(tenant_of(tpm=1000, tpm_cached_weight=0.0), body=chat(900)))
     reserved = admission.tokens_reserved
     lim.reserve_estimate(admission, CallEstimate(600, 592, 300, True))
     assert admission.correction is not None

@@ -26,15 +26,15 @@ from app.store.redis_store import RedisStore
 from app.surfaces import CHAT, COMPLETIONS
 from app.tenancy import TenantRegistry
 from tests.servers import free_port
-from tests.store.helpers import config, make_ctx
+from tests.store.helpers import config, make_ctx, tenant_of
 
 
 def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
 
 
-def limiter(store: Store, fail_mode: str = "open", **limits: Any) -> Limiter:
-    return Limiter(store, TenantRegistry(config(acme_limits=limits), store), fail_mode)
+def limiter(store: Store, fail_mode: str = "open") -> Limiter:
+    return Limiter(store, fail_mode)
 
 
 def error_of(err: GatewayError) -> dict[str, Any]:
@@ -85,17 +85,19 @@ def test_budget_retry_after_runs_to_the_next_month() -> None:
 
 # -- admit ---------------------------------------------------------------------------------------
 async def test_admit_records_the_estimate_on_the_context(any_store: Store) -> None:
-    ctx = make_ctx(body=chat("w" * 40))
-    await limiter(any_store, rpm=10).admit(ctx)
+    acme = tenant_of(rpm=10)
+    ctx = make_ctx(acme, body=chat("w" * 40))
+    await limiter(any_store).admit(ctx)
     assert ctx.estimated_input_tokens == 10 + 4
 
 
 async def test_over_rpm_is_429_rate_limit_exceeded_with_retry_after(any_store: Store) -> None:
-    lim = limiter(any_store, rpm=2)
+    acme = tenant_of(rpm=2)
+    lim = limiter(any_store)
     for _ in range(2):
-        await lim.admit(make_ctx())
+        await lim.admit(make_ctx(acme))
     with pytest.raises(GatewayError) as err:
-        await lim.admit(make_ctx())
+        await lim.admit(make_ctx(acme))
     assert err.value.status == 429
     assert (error_of(err.value)["type"], error_of(err.value)["code"]) == ("requests", "rate_limit_exceeded")
     assert int(err.value.headers["Retry-After"]) >= 1
@@ -103,36 +105,40 @@ async def test_over_rpm_is_429_rate_limit_exceeded_with_retry_after(any_store: S
 
 
 async def test_over_tpm_is_429_of_type_tokens(any_store: Store) -> None:
-    lim = limiter(any_store, tpm=100)
-    await lim.admit(make_ctx(body=chat(max_tokens=90)))
+    acme = tenant_of(tpm=100)
+    lim = limiter(any_store)
+    await lim.admit(make_ctx(acme, body=chat(max_tokens=90)))
     with pytest.raises(GatewayError) as err:
-        await lim.admit(make_ctx(body=chat(max_tokens=90)))
+        await lim.admit(make_ctx(acme, body=chat(max_tokens=90)))
     assert (error_of(err.value)["type"], error_of(err.value)["code"]) == ("tokens", "rate_limit_exceeded")
 
 
 async def test_one_request_larger_than_tpm_still_passes_an_idle_window(any_store: Store) -> None:
-    lim = limiter(any_store, tpm=100)
-    admission = await lim.admit(make_ctx(body=chat(max_tokens=5000)))
+    acme = tenant_of(tpm=100)
+    lim = limiter(any_store)
+    admission = await lim.admit(make_ctx(acme, body=chat(max_tokens=5000)))
     assert admission.tokens_reserved == 100
 
 
 async def test_exhausted_budget_is_429_budget_exceeded_until_next_month(any_store: Store) -> None:
-    lim = limiter(any_store, monthly_budget_usd=0.01)
+    acme = tenant_of(monthly_budget_usd=0.01)
+    lim = limiter(any_store)
     today = datetime.now(UTC).date().isoformat()
     await any_store.record_spend([SpendRecord("s", "acme", today, "fast", 10_000)])
     with pytest.raises(GatewayError) as err:
-        await lim.admit(make_ctx())
+        await lim.admit(make_ctx(acme))
     assert err.value.status == 429
     assert error_of(err.value)["code"] == "budget_exceeded"
     assert int(err.value.headers["Retry-After"]) > 60
 
 
 async def test_degrade_serves_over_limit_requests_as_bulk_with_capped_max_tokens(any_store: Store) -> None:
-    lim = limiter(any_store, rpm=1, on_exceed="degrade", degrade_max_tokens=64)
-    first = make_ctx(body=chat(max_tokens=1000))
+    acme = tenant_of(rpm=1, on_exceed="degrade", degrade_max_tokens=64)
+    lim = limiter(any_store)
+    first = make_ctx(acme, body=chat(max_tokens=1000))
     await lim.admit(first)
     assert first.admission is None and first.body["max_tokens"] == 1000
-    second = make_ctx(body=chat(max_tokens=1000))
+    second = make_ctx(acme, body=chat(max_tokens=1000))
     admission = await lim.admit(second)
     assert admission.degraded == "rpm"
     decision = classify(second.body, {}, second.tenant, RoutingConfig(), degraded=admission.degraded is not None)
@@ -142,8 +148,9 @@ async def test_degrade_serves_over_limit_requests_as_bulk_with_capped_max_tokens
 
 
 async def test_degraded_budget_overrun_is_served_not_rejected(any_store: Store) -> None:
-    lim = limiter(any_store, monthly_budget_usd=0, on_exceed="degrade")
-    ctx = make_ctx()
+    acme = tenant_of(monthly_budget_usd=0, on_exceed="degrade")
+    lim = limiter(any_store)
+    ctx = make_ctx(acme)
     admission = await lim.admit(ctx)
     assert admission.degraded == "budget" and ctx.body["max_tokens"] == 256
 
@@ -162,25 +169,27 @@ async def test_an_unlimited_tenant_costs_no_store_round_trip() -> None:
 
 # -- settle --------------------------------------------------------------------------------------
 async def test_settle_reconciles_tpm_to_actual_usage(any_store: Store) -> None:
-    lim = limiter(any_store, tpm=1000)
-    ctx = make_ctx(body=chat(max_tokens=900))
+    acme = tenant_of(tpm=1000)
+    lim = limiter(any_store)
+    ctx = make_ctx(acme, body=chat(max_tokens=900))
     admission = await lim.admit(ctx)
     with pytest.raises(GatewayError):
-        await lim.admit(make_ctx(body=chat(max_tokens=900)))
+        await lim.admit(make_ctx(acme, body=chat(max_tokens=900)))
     ctx.usage = Usage(prompt_tokens=20, completion_tokens=30, reported=True)
     await lim.settle(ctx, admission)
-    await lim.admit(make_ctx(body=chat(max_tokens=900)))
+    await lim.admit(make_ctx(acme, body=chat(max_tokens=900)))
 
 
 async def test_settle_releases_the_concurrency_slot(any_store: Store) -> None:
-    lim = limiter(any_store, concurrent=1)
-    ctx = make_ctx()
+    acme = tenant_of(concurrent=1)
+    lim = limiter(any_store)
+    ctx = make_ctx(acme)
     admission = await lim.admit(ctx)
     with pytest.raises(GatewayError) as err:
-        await lim.admit(make_ctx())
+        await lim.admit(make_ctx(acme))
     assert error_of(err.value)["code"] == "rate_limit_exceeded"
     await lim.settle(ctx, admission)
-    await lim.admit(make_ctx())
+    await lim.admit(make_ctx(acme))
 
 
 async def test_settle_records_spend_by_pool_and_token_type(any_store: Store) -> None:
@@ -204,8 +213,8 @@ async def test_settle_never_raises_into_the_request() -> None:
         async def settle(self, release: Release | None, spend: SpendRecord | None) -> None:
             raise RuntimeError("boom")
 
-    lim = limiter(Broken(), rpm=5)
-    ctx = make_ctx()
+    lim = limiter(Broken())
+    ctx = make_ctx(tenant_of(rpm=5))
     await lim.settle(ctx, await lim.admit(ctx))
 
 
@@ -213,9 +222,10 @@ async def test_settle_never_raises_into_the_request() -> None:
 async def test_fail_open_serves_unenforced_and_buffers_spend() -> None:
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:")
     try:
-        lim = limiter(store, "open", rpm=1)
+        acme = tenant_of(rpm=1)
+        lim = limiter(store, "open")
         for _ in range(3):
-            ctx = make_ctx(cost_usd=0.5)
+            ctx = make_ctx(acme, cost_usd=0.5)
             admission = await lim.admit(ctx)
             assert not admission.enforced
             assert ctx.limit_notes == ["unenforced:store_unavailable"]
@@ -228,8 +238,9 @@ async def test_fail_open_serves_unenforced_and_buffers_spend() -> None:
 async def test_fail_closed_answers_503_in_openai_shape() -> None:
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:")
     try:
+        acme = tenant_of(rpm=1)
         with pytest.raises(GatewayError) as err:
-            await limiter(store, "closed", rpm=1).admit(make_ctx())
+            await limiter(store, "closed").admit(make_ctx(acme))
     finally:
         await store.aclose()
     assert err.value.status == 503
@@ -253,17 +264,17 @@ def test_limit_spec_budget_is_integer_micro_dollars() -> None:
 # -- leases of long streams ----------------------------------------------------------------------
 async def test_a_stream_longer_than_its_lease_still_holds_its_concurrency_slot(any_store: Store) -> None:
     lease_s = 1.5  # renewed every 0.5 s; a whole lease (1.5 s) of loop lag would be needed to lose it
-    lim = Limiter(any_store, TenantRegistry(config(acme_limits={"concurrent": 1}), any_store), "open",
-                  lease_s=lease_s)
-    stream = make_ctx(body=chat(stream=True))
+    acme = TenantRegistry(config(acme_limits={"concurrent": 1}), any_store, lease_s=lease_s).tenant("acme")
+    lim = limiter(any_store)
+    stream = make_ctx(acme, body=chat(stream=True))
     stream.stream = True
     admission = await lim.admit(stream)
     await asyncio.sleep(3 * lease_s)
     with pytest.raises(GatewayError) as err:
-        await lim.admit(make_ctx())
+        await lim.admit(make_ctx(acme))
     assert error_of(err.value)["code"] == "rate_limit_exceeded"
     await lim.settle(stream, admission)
-    await lim.settle(second := make_ctx(), await lim.admit(second))
+    await lim.settle(second := make_ctx(acme), await lim.admit(second))
 
 
 async def test_renew_lease_moves_a_held_lease_and_refuses_a_released_one(any_store: Store) -> None:
@@ -274,3 +285,32 @@ async def test_renew_lease_moves_a_held_lease_and_refuses_a_released_one(any_sto
     await any_store.settle(Release("acme", "lease-1", None, 0, 60.0), None)
     assert not await any_store.renew_lease("acme", "lease-1", 60)
     assert not await any_store.renew_lease("nobody", "lease-1", 60)
+
+
+# -- the tenant record ---------------------------------------------------------------------------
+async def test_admit_enforces_the_limits_on_the_tenant_record_and_looks_the_tenant_up_nowhere(
+    any_store: Store,
+) -> None:
+    # Two records of the same tenant id: what the one the request carries says is what is enforced.
+    lim, limited, unlimited = limiter(any_store), tenant_of(rpm=1), tenant_of()
+    await lim.admit(make_ctx(limited))
+    with pytest.raises(GatewayError):
+        await lim.admit(make_ctx(limited))
+    admission = await lim.admit(make_ctx(unlimited))
+    assert admission.tenant is unlimited and admission.spec is unlimited.limit_spec
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0])
+async def test_settle_weighs_cached_tokens_by_the_tenant_records_weight(weight: float) -> None:
+    lim = limiter(MemoryStore())
+    acme = tenant_of(tpm=1000, tpm_cached_weight=weight)
+    ctx = make_ctx(acme, body=chat(max_tokens=900))
+    admission = await lim.admit(ctx)
+    ctx.usage = Usage(prompt_tokens=900, cached_tokens=900, completion_tokens=0, reported=True)
+    await lim.settle(ctx, admission)  # the window keeps 900 x weight tokens of this request
+    nxt = make_ctx(acme, body=chat(max_tokens=900))
+    if weight == 0.0:
+        await lim.admit(nxt)
+    else:
+        with pytest.raises(GatewayError):
+            await lim.admit(nxt)

@@ -13,9 +13,8 @@ from app.spend import SpendLedger, recent_days, spend_record, usage_report, usd_
 from app.store.base import DayUsage, PoolUsage, SpendRecord, Store
 from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
-from app.tenancy import TenantRegistry
 from tests.servers import free_port
-from tests.store.helpers import config, make_ctx
+from tests.store.helpers import make_ctx, tenant_of
 from tests.store.redis_fixtures import RedisServer, loose_redis_store
 
 
@@ -82,13 +81,13 @@ async def test_ledger_flush_writes_buffered_records_once() -> None:
 
 
 async def test_spend_of_1000_mixed_requests_equals_the_sum_of_their_costs(any_store: Store) -> None:
-    lim = Limiter(any_store, TenantRegistry(config(acme_limits={"rpm": 100_000}), any_store), "open")
+    lim, acme = Limiter(any_store, "open"), tenant_of(rpm=100_000)
     rng = random.Random(6)
     header_sum = Decimal(0)
     micros_by_pool = {"fast": 0, "bulk": 0}
     for _ in range(1000):
         pool, usage, cost = mixed_request(rng)
-        ctx = make_ctx(pool=pool, usage=usage, cost_usd=cost)
+        ctx = make_ctx(acme, pool=pool, usage=usage, cost_usd=cost)
         await lim.settle(ctx, await lim.admit(ctx))
         header_sum += Decimal(f"{cost:.8f}")  # what x-kvgate-cost-usd would carry
         micros_by_pool[pool] += usd_to_micros(cost)
@@ -102,7 +101,7 @@ async def test_spend_of_1000_mixed_requests_equals_the_sum_of_their_costs(any_st
 async def test_redis_restart_mid_run_loses_no_acknowledged_spend_and_keeps_serving(own_redis: RedisServer) -> None:
     """fail_mode open: while Redis is down requests are admitted unenforced and their spend is buffered."""
     store = loose_redis_store(own_redis.url, "kvgate:", cooldown_s=0.05)
-    lim = Limiter(store, TenantRegistry(config(acme_limits={"rpm": 10_000, "concurrent": 50}), store), "open")
+    lim, acme = Limiter(store, "open"), tenant_of(rpm=10_000, concurrent=50)
     rng = random.Random(7)
     expected = 0
     unenforced = 0
@@ -110,7 +109,7 @@ async def test_redis_restart_mid_run_loses_no_acknowledged_spend_and_keeps_servi
     async def one() -> None:
         nonlocal expected, unenforced
         pool, usage, cost = mixed_request(rng)
-        ctx = make_ctx(pool=pool, usage=usage, cost_usd=cost)
+        ctx = make_ctx(acme, pool=pool, usage=usage, cost_usd=cost)
         admission = await lim.admit(ctx)  # must not raise while Redis is down
         unenforced += not admission.enforced
         await lim.settle(ctx, admission)

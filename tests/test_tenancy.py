@@ -8,8 +8,11 @@ import orjson
 import pytest
 import redis
 
+from app.config import ReferencePrice
+from app.cost import reference_prices
 from app.errors import GatewayError
-from app.store.base import Store
+from app.records import TokenPrices
+from app.store.base import LimitSpec, Store
 from app.store.memory import MemoryStore
 from app.store.redis_store import RedisStore
 from app.tenancy import TenantRegistry, bearer_token, hash_key
@@ -221,5 +224,36 @@ def test_limits_and_reference_price_come_from_the_tenant_config() -> None:
     reg = TenantRegistry(config(acme_limits={"rpm": 5}), MemoryStore())
     assert reg.limits_for("acme").rpm == 5
     assert reg.limits_for("anonymous").rpm is None
-    assert reg.reference_price_for("beta").output_per_m == 20.0
-    assert reg.reference_price_for("acme").output_per_m == 15.0
+    beta, acme = reg.tenant("beta"), reg.tenant("acme")
+    assert beta is not None and acme is not None
+    assert beta.reference_prices == TokenPrices(5.0e-6, 0.5e-6, 20.0e-6)
+    assert acme.reference_prices == reference_prices(ReferencePrice())  # the default: 3 / 0.3 / 15 $ per M
+
+
+async def test_a_resolved_tenant_carries_its_limit_spec_and_prices_built_once_at_start() -> None:
+    cfg = config(acme_limits={"rpm": 5, "tpm": 900, "monthly_budget_usd": 2.5})
+    reg = TenantRegistry(cfg, MemoryStore())
+    first = await reg.resolve(f"Bearer {ACME_KEY}")
+    # The store enforces this spec; its lease outlives the longest upstream read by a minute.
+    assert first.limits == cfg.tenants[0].limits
+    assert first.limit_spec == LimitSpec(rpm=5, tpm=900, budget_micros=2_500_000,
+                                         lease_s=cfg.upstream.read_timeout_s + 60)
+    assert await reg.resolve(f"Bearer {ACME_KEY}") is first  # one record per tenant, not one per request
+
+
+async def test_a_config_key_reseeded_into_an_emptied_store_resolves_to_the_same_tenant_record(
+    any_store: Store, redis_url: str, key_prefix: str
+) -> None:
+    reg = TenantRegistry(config(acme_limits={"rpm": 5}), any_store, cache_ttl_s=0)
+    await reg.load()
+    before = await reg.resolve(f"Bearer {ACME_KEY}")
+    _empty(any_store, redis_url, key_prefix)
+    after = await reg.resolve(f"Bearer {ACME_KEY}")  # written back, then resolved: limits and prices unchanged
+    assert after is before and after.limit_spec.rpm == 5
+
+
+async def test_the_anonymous_tenant_without_config_has_no_limits_and_the_default_reference_price() -> None:
+    reg = TenantRegistry(config(required=False), MemoryStore())
+    anonymous = await reg.resolve(None)
+    assert anonymous.id == "anonymous" and anonymous.limit_spec.unlimited
+    assert anonymous.reference_prices == reference_prices(ReferencePrice())

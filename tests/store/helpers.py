@@ -8,7 +8,9 @@ from typing import Any
 
 from app.config import GatewayConfig, parse_config
 from app.context import RequestContext, RouteDecision, Tenant, Usage
+from app.store.memory import MemoryStore
 from app.surfaces import CHAT
+from app.tenancy import TenantRegistry
 
 ACME_KEY = "sk-acme-dev"
 BETA_KEY = "sk-beta-dev"
@@ -45,15 +47,23 @@ def config(
     return parse_config(raw)
 
 
+def tenant_of(tenant_id: str = "acme", **acme_limits: Any) -> Tenant:
+    """A tenant record as the tenancy stage builds it from `config(acme_limits=...)`: limits and prices resolved."""
+    tenant = TenantRegistry(config(acme_limits=acme_limits), MemoryStore()).tenant(tenant_id)
+    assert tenant is not None
+    return tenant
+
+
 def make_ctx(
-    tenant: str = "acme",
+    tenant: str | Tenant = "acme",
     body: dict[str, Any] | None = None,
     *,
     pool: str | None = "fast",
     usage: Usage | None = None,
     cost_usd: float = 0.0,
 ) -> RequestContext:
-    """A request context as the api and tenancy stages leave it (plus settle-time fields)."""
+    """A request context as the api and tenancy stages leave it (plus settle-time fields); a tenant given by id
+    has no limits and the default reference price (`tenant_of` builds one as tenancy does)."""
     body = body if body is not None else {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ctx = RequestContext(
         request_id=uuid.uuid4().hex,
@@ -66,7 +76,7 @@ def make_ctx(
         client_wants_usage=False,
         headers={},
     )
-    ctx.tenant = Tenant(tenant)
+    ctx.tenant = Tenant(tenant) if isinstance(tenant, str) else tenant
     if pool is not None:
         ctx.route = RouteDecision(pool=pool, replica="http://127.0.0.1:9", policy="round_robin", reason="test")
     if usage is not None:

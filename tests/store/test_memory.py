@@ -201,11 +201,13 @@ async def test_gateway_settles_keep_every_memory_store_structure_bounded() -> No
     clock = Clock()
     store = MemoryStore(clock, max_spend_ids=20_000)
     limits = {"rpm": 10**8, "tpm": 10**10, "concurrent": 64, "monthly_budget_usd": 10**6}
-    limiter = Limiter(store, TenantRegistry(config(acme_limits=limits), store), "open")
+    acme, beta = (TenantRegistry(config(acme_limits=limits), store).tenant(t) for t in ("acme", "beta"))
+    assert acme is not None and beta is not None
+    limiter = Limiter(store, "open")
     largest: dict[str, int] = {}
     for i in range(60_000):
         clock.now += 1_000  # 1,000 requests per store second
-        ctx = make_ctx("acme" if i % 3 else "beta", usage=Usage(40, 16, 32), cost_usd=0.0001)
+        ctx = make_ctx(acme if i % 3 else beta, usage=Usage(40, 16, 32), cost_usd=0.0001)
         admission = await limiter.admit(ctx)
         await limiter.settle(ctx, admission)
         for name, n in store.entry_counts().items():
