@@ -91,10 +91,15 @@ async def _probe_one(
 
 
 def startup_lines(gateway: object) -> Sequence[str]:
-    """The report of a running gateway (empty when it is not one)."""
+    """The report of a running gateway (empty when it is not one): its BlockHashing hook's hashers (app.gateway
+    builds them only with a KV-event hub), else hashers over the same cluster and disagreements (none hash)."""
     cluster = getattr(gateway, "cluster", None)
-    hashers = getattr(gateway, "_hashers", None)
     cfg = getattr(gateway, "cfg", None)
-    if not isinstance(cluster, ClusterState) or not isinstance(hashers, BlockHashers) or cfg is None:
+    if not isinstance(cluster, ClusterState) or not isinstance(cfg, GatewayConfig):
         return []
+    hashers = getattr(getattr(gateway, "blocks", None), "hashers", None)
+    if not isinstance(hashers, BlockHashers):
+        disagreements = getattr(gateway, "disagreements", None)
+        hashers = BlockHashers(cfg, None, lambda: cluster,
+                               disagreements if isinstance(disagreements, Disagreements) else None)
     return report(cfg, cluster, hashers)

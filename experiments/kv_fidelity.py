@@ -20,6 +20,7 @@ import argparse
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,7 +80,8 @@ def main() -> int:
         {"id": "fid-off", "api_keys": ["sk-fid-off"], "normalize": "off", "default_class": "bulk"},
     ]
     cfg = gateway_config(pools, tenants=tenants, routing={"allow_spill": False})
-    gw = gateway_proc("kv-fidelity", cfg).start(timeout_s=60)
+    log_dir = Path(tempfile.mkdtemp(prefix="kvgate-kv-fidelity-"))
+    gw = gateway_proc("kv-fidelity", cfg, log_dir=log_dir).start(timeout_s=60)
     rows = []
     try:
         reset_prefix_cache([u for u, _, _ in SERVERS.values()])
@@ -109,6 +111,11 @@ def main() -> int:
             rows.append((arm, total, predicted, agree, cached_sum, misses[:5]))
     finally:
         gw.stop()
+    # What the gateway read from each replica and hashed with (the lines `kvgate serve` prints after ready), and
+    # any block-size or hash disagreement it logged: the config names neither.
+    for line in (log_dir / "kv-fidelity.log").read_text(errors="replace").splitlines():
+        if line.startswith(("engine ", "kv_events ", "disagrees:")) or "block size" in line or "KV block" in line:
+            print("gateway: " + line)
     print(f"{'normalize':<10} {'requests':>8} {'predicted':>9} {'exact':>6} {'exact %':>8} {'cached tok':>10}  misses")
     for arm, total, predicted, agree, cached, misses in rows:
         share = 100 * agree / max(total, 1)

@@ -45,3 +45,25 @@ def test_probe_of_an_unreachable_replica_says_nothing_was_read(
     assert main(["check-config", "--probe", str(path)]) == 0
     out = capsys.readouterr().out
     assert "engine p http://127.0.0.1:9: read nothing (not reachable yet)" in out
+
+
+def test_a_running_gateway_reports_its_replicas_and_kv_hashing_after_ready() -> None:
+    from app.engine_report import startup_lines
+    from app.gateway import Gateway
+
+    cfg = parse_config({
+        "models": [{"name": "m", "pools": ["p"]}],
+        "pools": {"p": {"role": "bulk", "served_model": "s", "replicas": ["http://127.0.0.1:9"], "price": PRICE,
+                        "max_num_seqs": 4, "tokenizer": str(Path(__file__).parent / "fixtures"),
+                        "policy": "kv_events"}},
+    })
+    lines = startup_lines(Gateway(cfg))
+    assert lines[0].startswith("engine p http://127.0.0.1:9: read nothing (not reachable yet); "
+                               "config overrides max_num_seqs=4")
+    assert "kv_events m: not hashed (nothing published, or disagreeing)" in lines
+
+
+def test_startup_lines_of_something_not_a_gateway_are_empty() -> None:
+    from app.engine_report import startup_lines
+
+    assert startup_lines(object()) == []

@@ -55,11 +55,13 @@ class AdmissionConfig(StrictModel):
     reserve_miss: float = Field(0.005, gt=0, lt=1, description=(
         "Fraction of time an under-share request may find no reserved slot (sizes the reserve)."))
     reserve_max_fraction: float = Field(
-        0.25, gt=0, le=1,
-        description="The reserve never exceeds this fraction of the pool's cap (rounded up): the flood keeps the "
-        "rest (on 4 slots: 1 reserved, 3 for the flood; on 64: reserve_max_per_replica decides).",
+        0.1, gt=0, le=1,
+        description="The reserve never exceeds this fraction of the pool's slots, rounded down: a kept slot costs "
+        "1/slots of the tokens/s while nobody takes it (on 4 slots 25%), so a pool of fewer than 10 slots keeps "
+        "none — a tenant under its share takes the next free slot there, before any tenant above its share "
+        "(share_window_s); on 64, reserve_max_per_replica decides.",
     )
-    pace_over_share: float = Field(2.0, ge=0, description=(
+    pace_over_share: float = Field(1.5, ge=0, description=(
         "While capped, requests of tenants over their share start at most this many times as fast as slots free "
         "up, evenly spaced (0: off): the engine then never gets a burst of their prefills in one step."))
     over_share_prefills_per_replica: int = Field(1, ge=0, description=(
@@ -77,6 +79,10 @@ class AdmissionConfig(StrictModel):
     tenant_weights: dict[str, float] = Field({}, description=(
         "Tenant id → weight: fair share is proportional to weight."))
     default_weight: float = Field(1.0, gt=0, description="The weight of tenants not in tenant_weights.")
+    share_window_s: float = Field(30.0, gt=0, description=(
+        "While saturated, a tenant that got less than its weighted share of the pool over about this long "
+        "(tokens started, decaying exponentially) starts before the tenants above theirs: one whose demand is "
+        "just under its share is not queued behind a flood at every burst (app.admission.recent)."))
     on_exceed: OnExceed = Field("reject", description=(
         "A refused request: `reject` (429 + Retry-After), or `degrade` (serve it on the bulk pool)."))
 
