@@ -5,19 +5,22 @@ opencode (4 each, replayed from tests/fixtures/agents) over 4 `kvgate sim` repli
   kvgate-nosess   the same with routing.sessions.enabled: false (request-level bounded prefix affinity: before)
   kvgate-kv       kvgate, kv_events policy (the sims publish KV events), sessions on
   round-robin     kvgate, round_robin
-  vllm-router     vLLM's router, --policy cache_aware (scripts/peer-venvs.sh vllm-router); it serves chat only
-                  here: its Messages/Responses requests are counted as failed
+  vllm-router     vLLM's router 0.1.17, --policy cache_aware (scripts/peer-venvs.sh vllm-router); it forwards
+                  Messages and Responses bodies too (a failed request would count as such)
   big             one replica with the KV blocks and sequence slots of all four, straight (the cache ceiling)
 
 Each replayed session is a captured `main` session (6 turns: the turn-opening request and the tool result, plus
 opencode's title request) made its own: its ids (session headers, prompt_cache_key, metadata) and each turn's
 text carry the session's number, so sessions of one client share the system prompt and tools, not the history.
-Sessions run concurrently, each sending its next request when the last one answered. A tap (layer.py
+Sessions run concurrently, each sending its next request when the last one answered; they start in the order
+`--order` says: `mixed` (claude-0, codex-1, opencode-2, claude-3, ...: new sessions of different clients
+interleaved, as a team's traffic is) or `grouped` (all of one client's sessions, then the next client's: the
+adversary for any placement that balances as sessions arrive, since the first four are of one client). A tap (layer.py
 --passthrough) in front of every replica records which session each request was and the sim's usage, so every
 arm is measured the same way, whatever routed it.
 
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/agents_lab/session_routing.py \
-        [--arms kvgate,kvgate-nosess,kvgate-kv,round-robin,vllm-router,big] [--json out.json]
+        [--arms kvgate,kvgate-nosess,kvgate-kv,round-robin,vllm-router,big] [--order mixed|grouped] [--json F]
 
 Reported per arm: requests answered 200; per session the share of its requests on its most used replica (min,
 and how many sessions are at >= 95 %); requests per replica max/mean; cached/prompt over all requests.
@@ -175,7 +178,9 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         if front is not None:
             procs.append(front)
         base = front.url if front is not None else taps[0].url
-        sessions = [session_requests(c, i) for i, c in enumerate(c for c in CLIENTS for _ in range(args.per_client))]
+        order = ([c for _ in range(args.per_client) for c in CLIENTS] if args.order == "mixed"
+                 else [c for c in CLIENTS for _ in range(args.per_client)])
+        sessions = [session_requests(c, i) for i, c in enumerate(order)]
 
         async def go() -> list[list[int]]:
             async with httpx.AsyncClient(timeout=300) as client:
@@ -219,6 +224,7 @@ def main() -> int:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--per-client", type=int, default=4)
+    p.add_argument("--order", default="mixed", choices=["mixed", "grouped"], help="the sessions' start order")
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--kv-blocks", type=int, default=25_000, help="per replica (16-token blocks)")

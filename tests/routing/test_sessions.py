@@ -46,6 +46,16 @@ def test_new_sessions_of_one_prefix_are_spread_evenly_over_the_replicas() -> Non
     assert sorted(placed.values()) == [3, 3, 3, 3]
 
 
+def test_mixed_new_sessions_share_the_replicas_that_hold_their_prefix_and_stay_balanced() -> None:
+    for clients in ([11, 22, 33], [101, 202, 303], [7, 8, 9], [1000, 2000, 3000], [5, 50, 500]):
+        state, cfg = cluster()
+        # Three clients (prefix keys), four sessions each, arriving interleaved as mixed traffic does.
+        placed = [(key, route(state, cfg, s, key=key).replica) for s, key in enumerate(clients * 4)]
+        assert sorted(Counter(url for _, url in placed).values()) == [3, 3, 3, 3]
+        # Each prefix on two replicas: six cold system prompts; a count-only balance paid up to twelve.
+        assert len(set(placed)) == 6, clients
+
+
 def test_without_a_session_the_prefix_home_decides_as_before() -> None:
     state, cfg = cluster()
     picks = {route(state, cfg, None, key=42).replica for _ in range(6)}
