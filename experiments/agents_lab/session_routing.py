@@ -56,6 +56,28 @@ SKIP = {"host", "content-length", "connection", "accept-encoding", "authorizatio
 UUID_HEAD = "00000000-0000-4000-8000-"
 OPENCODE_SESSION = re.compile(r"ses_[0-9A-Za-z]{20,}")
 LABEL = re.compile(r"Turn \d+ \[([a-z]+-\d+)\]:")
+# SmolLM2's own template renders neither tools nor tool calls (a tool turn fails it: 400 "chat template failed"),
+# so the kvgate-kv arm's sims and gateway share this Hermes-style one over SmolLM2's tokenizer.
+KV_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}
+
+{% endif %}# Tools
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools><|im_end|>
+{% elif messages and messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}
+{%- for message in messages %}{% if not (loop.first and message['role'] == 'system') %}<|im_start|>{{ message['role'] }}
+{% if message['content'] is defined and message['content'] %}{{ message['content'] }}{% endif %}
+{%- if message['tool_calls'] is defined and message['tool_calls'] %}{% for call in message['tool_calls'] %}
+<tool_call>
+{{ call | tojson }}
+</tool_call>{% endfor %}{% endif %}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+"""
 
 
 def session_requests(client: str, index: int) -> list[dict[str, Any]]:
@@ -113,6 +135,17 @@ def tap_records(paths: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
+def kv_model(out: Path) -> Path:
+    """A model folder for the kvgate-kv arm: SmolLM2's tokenizer and configs, KV_TEMPLATE as the chat template."""
+    folder = out / "kv-model"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json"):
+        if (TOKENIZER / name).exists():
+            (folder / name).write_bytes((TOKENIZER / name).read_bytes())
+    (folder / "chat_template.jinja").write_text(KV_TEMPLATE)
+    return folder
+
+
 def start_front(arm: str, sims: list[Proc], taps: list[Proc], logs: Path) -> Proc | None:
     """The router in front of the taps (None: the big arm, straight to its one tap)."""
     urls = [t.url for t in taps]
@@ -139,7 +172,7 @@ def start_front(arm: str, sims: list[Proc], taps: list[Proc], logs: Path) -> Pro
         # Exact block hashes need the engine's tokenizer; the gateway computes them for chat bodies (opencode),
         # Messages and Responses requests fall back to prefix affinity.
         pool = cfg["pools"]["main"]
-        pool.update(policy={"type": "kv_events", "block_size": 16}, tokenizer=str(TOKENIZER), replicas=[
+        pool.update(policy={"type": "kv_events", "block_size": 16}, tokenizer=str(kv_model(logs.parent)), replicas=[
             {"url": t.url, "kv_events": f"tcp://127.0.0.1:{s.kv_ports[0]}",  # type: ignore[attr-defined]
              "kv_replay": f"tcp://127.0.0.1:{s.kv_ports[1]}", "kv_topic": "kv"}  # type: ignore[attr-defined]
             for t, s in zip(taps, sims, strict=True)])
@@ -163,7 +196,7 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "--max-num-seqs", str(args.max_num_seqs), "--kv-blocks", str(args.kv_blocks)]
             ports = (free_port(), free_port())
             if arm == "kvgate-kv":
-                extra += ["--tokenizer", str(TOKENIZER), "--kv-events", f"tcp://*:{ports[0]}", "--kv-replay",
+                extra += ["--tokenizer", str(kv_model(out)), "--kv-events", f"tcp://*:{ports[0]}", "--kv-replay",
                           f"tcp://*:{ports[1]}", "--kv-topic", "kv"]
             sim = start_sim(logs, f"{arm}-sim{i}", args.time_scale, extra)
             sim.kv_ports = ports  # type: ignore[attr-defined]
