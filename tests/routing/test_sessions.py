@@ -8,9 +8,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from app.config.sessions import SessionSettings
 from app.context import ClassDecision, RouteDecision
 from app.routing.pick import pick
 from app.routing.session_key import SessionKey, session_key
+from app.routing.session_table import SessionTable
 from app.routing.state import ClusterState
 from app.surfaces import CHAT, MESSAGES, RESPONSES
 from tests.routing.factory import make_cluster, make_config
@@ -111,6 +113,18 @@ def test_an_idle_session_is_forgotten_and_placed_again() -> None:
     route(state, cfg, 1)
     now[0] = 11.0
     assert table.home(SessionKey(1, "header").key) is None and len(table) == 0
+
+
+def test_a_replica_is_warm_for_a_prefix_only_while_a_live_session_with_it_is_there() -> None:
+    now = [0.0]
+    table = SessionTable(SessionSettings(idle_s=10), clock=lambda: now[0])
+    table.place(1, "a", prefix=42)
+    table.place(2, "a", prefix=42)
+    table.place(2, "b", prefix=42)  # session 2 moved: "a" still holds session 1
+    assert table.warm(42, "a") and table.warm(42, "b") and not table.warm(7, "a")
+    now[0] = 11.0
+    table.home(1)  # both idle past idle_s: forgotten
+    assert not table.warm(42, "a") and not table.warm(42, "b") and table.count("a") == 0
 
 
 # -- where the session key comes from ---------------------------------------------------------------------------
