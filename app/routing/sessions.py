@@ -6,9 +6,12 @@ than its system prompt's, which every replica caches after one request. The pref
 session between replicas (issue 21: one session went up1, up0, up0, up1, up0). So, per pool:
 
 - a session's first request is placed: only replicas whose active sessions stay within
-  ceil(balance x (sessions + 1) / n) may take it, and among those the pool's own policy picks (prefix affinity:
-  the prefix's rendezvous home, so sessions of one client share a replica while it has room; kv_events: the
-  replica holding most of its prefix);
+  ceil(balance x (sessions + 1) / n) may take it; among those, the ones where a live session starting with the same
+  prefix already is (its system prompt and tools are cached there: a Claude Code prompt is 24k tokens of them),
+  and among those the pool's own policy picks (prefix affinity: the prefix's rendezvous home, so sessions of one
+  client share a replica while it has room; kv_events: the replica holding most of its prefix). Without the warm
+  preference a burst of new sessions spread every client over every replica: on 12 sessions of 3 clients over 4
+  replicas, 12 cold system prompts where 6 do (docs/measurements/agents-lab.md);
 - its next requests go to the same replica, whatever the per-request load, unless that replica left rotation or
   is really overloaded (in-flight past move_bound x the mean and move_min); then the pool's policy picks among the
   others — the replica with most of its prefix — and the session lives there from then on.
@@ -52,25 +55,27 @@ def route_session(policy: Policy, table: SessionTable, candidates: Sequence[Repl
     settings = table.settings
     if len(candidates) == 1:
         sel = policy.select(candidates, key, blocks)  # nowhere else to go: the policy's own reason
-        table.place(session.key, sel.chosen.url)
+        table.place(session.key, sel.chosen.url, key)
         return sel
     url = table.home(session.key)
     if url is not None:
         current = next((r for r in candidates if r.url == url), None)
         if current is not None and not overloaded(current, candidates, settings):
-            table.place(session.key, url)
+            table.place(session.key, url, key)
             # The policy on that one replica: kv_events predicts its cached tokens (and notes the request for
             # its staleness check); prefix affinity answers at once.
             at_home = policy.select((current,), key, blocks)
             return Selection(current, None, "session_home", at_home.cached_tokens)
         others = [r for r in candidates if r is not current]
         sel = policy.select(others, key, blocks)
-        table.place(session.key, sel.chosen.url)
+        table.place(session.key, sel.chosen.url, key)
         return Selection(sel.chosen, current, "session_moved", sel.cached_tokens)
     limit = bound(settings.balance, sum(table.count(r.url) for r in candidates) + 1, len(candidates))
     allowed = [r for r in candidates if table.count(r.url) + 1 <= limit]
     # The replica with the fewest sessions always passes the bound; `allowed` is empty only when sessions live on
     # replicas outside `candidates` (left rotation), and then any candidate may take it.
-    sel = policy.select(allowed or candidates, key, blocks)
-    table.place(session.key, sel.chosen.url)
+    allowed = allowed or list(candidates)
+    warm = [r for r in allowed if table.warm(key, r.url)]
+    sel = policy.select(warm or allowed, key, blocks)
+    table.place(session.key, sel.chosen.url, key)
     return Selection(sel.chosen, sel.runner_up, "session_new", sel.cached_tokens)

@@ -4,14 +4,16 @@ side by side, over one instant upstream (experiments/instant_upstream.py).
 Per client, every captured generation request is sent `--repeats` times, alternating: straight to the upstream,
 through the gateway of this tree, through the gateway of `--baseline` (each a `kvgate serve` of one worker with a
 tenant whose normalize mode is `--normalize`). Added latency = through - straight for the same body, same round;
-the table gives the median per client and gateway and their ratio. Streams are read to the end.
+the table gives the median per client and gateway and their ratio. Streams are read to the end. Beside it, the
+gateway process's own CPU (utime+stime from /proc/<pid>/stat) per request over the same rounds: on a loaded machine
+the latency column carries the neighbours' noise, the CPU column does not.
 
 Claude Code's bodies carry a system turn inside `messages`, which kvgate before issue 21 refused (400): the
 `claude-user` rows send them with that turn as a user turn, the same work for both gateways; the `claude` rows
 are the real bodies (the baseline's column is its 400).
 
-    git worktree add /tmp/kv-base 73924d6
-    flock /tmp/kvgate-bench.lock .venv/bin/python experiments/agents_lab/overhead.py --baseline /tmp/kv-base \
+    git -C /work/main worktree add /tmp/al-base 73924d6
+    flock /tmp/kvgate-bench.lock .venv/bin/python experiments/agents_lab/overhead.py --baseline /tmp/al-base \
         [--repeats 15] [--normalize on]
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -35,6 +38,13 @@ from run import API_KEY, MODEL, PY, ROOT, gateway_cfg, start_gateway  # noqa: E4
 
 FIXTURES = ROOT / "tests" / "fixtures" / "agents"
 SKIP = {"host", "content-length", "connection", "accept-encoding", "authorization", "x-api-key"}
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of a process, in seconds (the gateway is one worker: one process)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def bodies(client: str, *, system_as_user: bool = False) -> list[dict[str, Any]]:
@@ -95,6 +105,7 @@ def main() -> int:
             for name, reqs in sets.items():
                 added: dict[str, list[float]] = {"this": [], "base": []}
                 status: dict[str, set[int]] = {"this": set(), "base": set()}
+                cpu0 = {g: cpu_seconds(proc.pid) for g, proc in gws.items()}
                 for _ in range(args.repeats):
                     for req in reqs:
                         direct, _ = send(client, upstream.url, req)
@@ -102,17 +113,22 @@ def main() -> int:
                             secs, st = send(client, proc.url, req)
                             added[g].append(secs - direct)
                             status[g].add(st)
+                sent = args.repeats * len(reqs)
+                cpu = {g: (cpu_seconds(proc.pid) - cpu0[g]) / sent for g, proc in gws.items()}
                 sizes = [r["bytes"] for r in reqs]
                 this, base = statistics.median(added["this"]), statistics.median(added["base"])
-                rows.append((name, len(reqs), min(sizes), max(sizes), base, this, status))
+                rows.append((name, len(reqs), min(sizes), max(sizes), base, this, cpu, status))
         print(f"gateway overhead, added latency per request (median of {args.repeats} rounds x every body), "
               f"normalize {args.normalize}; baseline {args.baseline}\n")
-        print("| bodies | requests | size | baseline ms | this tree ms | this / baseline | status base / this |")
-        print("|---|--:|---|--:|--:|--:|---|")
-        for name, n, lo, hi, base, this, status in rows:
+        print("| bodies | requests | size | latency base ms | this ms | this / base | CPU base ms/req | this ms/req "
+              "| this / base | status base / this |")
+        print("|---|--:|---|--:|--:|--:|--:|--:|--:|---|")
+        for name, n, lo, hi, base, this, cpu, status in rows:
             ratio = this / base if base > 0 else float("nan")
+            cpu_ratio = cpu["this"] / cpu["base"] if cpu["base"] > 0 else float("nan")
             print(f"| {name} | {n} | {lo // 1000}-{hi // 1000} KB | {1000 * base:.2f} | {1000 * this:.2f} | "
-                  f"{ratio:.2f} | {sorted(status['base'])} / {sorted(status['this'])} |")
+                  f"{ratio:.2f} | {1000 * cpu['base']:.2f} | {1000 * cpu['this']:.2f} | {cpu_ratio:.2f} | "
+                  f"{sorted(status['base'])} / {sorted(status['this'])} |")
     finally:
         for proc in reversed(procs):
             proc.stop()

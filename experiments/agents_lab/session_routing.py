@@ -5,19 +5,22 @@ opencode (4 each, replayed from tests/fixtures/agents) over 4 `kvgate sim` repli
   kvgate-nosess   the same with routing.sessions.enabled: false (request-level bounded prefix affinity: before)
   kvgate-kv       kvgate, kv_events policy (the sims publish KV events), sessions on
   round-robin     kvgate, round_robin
-  vllm-router     vLLM's router, --policy cache_aware (scripts/peer-venvs.sh vllm-router); it serves chat only
-                  here: its Messages/Responses requests are counted as failed
+  vllm-router     vLLM's router 0.1.17, --policy cache_aware (scripts/peer-venvs.sh vllm-router); it forwards
+                  Messages and Responses bodies too (a failed request would count as such)
   big             one replica with the KV blocks and sequence slots of all four, straight (the cache ceiling)
 
 Each replayed session is a captured `main` session (6 turns: the turn-opening request and the tool result, plus
 opencode's title request) made its own: its ids (session headers, prompt_cache_key, metadata) and each turn's
 text carry the session's number, so sessions of one client share the system prompt and tools, not the history.
-Sessions run concurrently, each sending its next request when the last one answered. A tap (layer.py
+Sessions run concurrently, each sending its next request when the last one answered; they start in the order
+`--order` says: `mixed` (claude-0, codex-1, opencode-2, claude-3, ...: new sessions of different clients
+interleaved, as a team's traffic is) or `grouped` (all of one client's sessions, then the next client's: the
+adversary for any placement that balances as sessions arrive, since the first four are of one client). A tap (layer.py
 --passthrough) in front of every replica records which session each request was and the sim's usage, so every
 arm is measured the same way, whatever routed it.
 
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/agents_lab/session_routing.py \
-        [--arms kvgate,kvgate-nosess,kvgate-kv,round-robin,vllm-router,big] [--json out.json]
+        [--arms kvgate,kvgate-nosess,kvgate-kv,round-robin,vllm-router,big] [--order mixed|grouped] [--json F]
 
 Reported per arm: requests answered 200; per session the share of its requests on its most used replica (min,
 and how many sessions are at >= 95 %); requests per replica max/mean; cached/prompt over all requests.
@@ -53,6 +56,28 @@ SKIP = {"host", "content-length", "connection", "accept-encoding", "authorizatio
 UUID_HEAD = "00000000-0000-4000-8000-"
 OPENCODE_SESSION = re.compile(r"ses_[0-9A-Za-z]{20,}")
 LABEL = re.compile(r"Turn \d+ \[([a-z]+-\d+)\]:")
+# SmolLM2's own template renders neither tools nor tool calls (a tool turn fails it: 400 "chat template failed"),
+# so the kvgate-kv arm's sims and gateway share this Hermes-style one over SmolLM2's tokenizer.
+KV_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}
+
+{% endif %}# Tools
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools><|im_end|>
+{% elif messages and messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}
+{%- for message in messages %}{% if not (loop.first and message['role'] == 'system') %}<|im_start|>{{ message['role'] }}
+{% if message['content'] is defined and message['content'] %}{{ message['content'] }}{% endif %}
+{%- if message['tool_calls'] is defined and message['tool_calls'] %}{% for call in message['tool_calls'] %}
+<tool_call>
+{{ call | tojson }}
+</tool_call>{% endfor %}{% endif %}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+"""
 
 
 def session_requests(client: str, index: int) -> list[dict[str, Any]]:
@@ -110,6 +135,17 @@ def tap_records(paths: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
+def kv_model(out: Path) -> Path:
+    """A model folder for the kvgate-kv arm: SmolLM2's tokenizer and configs, KV_TEMPLATE as the chat template."""
+    folder = out / "kv-model"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json"):
+        if (TOKENIZER / name).exists():
+            (folder / name).write_bytes((TOKENIZER / name).read_bytes())
+    (folder / "chat_template.jinja").write_text(KV_TEMPLATE)
+    return folder
+
+
 def start_front(arm: str, sims: list[Proc], taps: list[Proc], logs: Path) -> Proc | None:
     """The router in front of the taps (None: the big arm, straight to its one tap)."""
     urls = [t.url for t in taps]
@@ -136,7 +172,7 @@ def start_front(arm: str, sims: list[Proc], taps: list[Proc], logs: Path) -> Pro
         # Exact block hashes need the engine's tokenizer; the gateway computes them for chat bodies (opencode),
         # Messages and Responses requests fall back to prefix affinity.
         pool = cfg["pools"]["main"]
-        pool.update(policy={"type": "kv_events", "block_size": 16}, tokenizer=str(TOKENIZER), replicas=[
+        pool.update(policy={"type": "kv_events", "block_size": 16}, tokenizer=str(kv_model(logs.parent)), replicas=[
             {"url": t.url, "kv_events": f"tcp://127.0.0.1:{s.kv_ports[0]}",  # type: ignore[attr-defined]
              "kv_replay": f"tcp://127.0.0.1:{s.kv_ports[1]}", "kv_topic": "kv"}  # type: ignore[attr-defined]
             for t, s in zip(taps, sims, strict=True)])
@@ -160,7 +196,7 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "--max-num-seqs", str(args.max_num_seqs), "--kv-blocks", str(args.kv_blocks)]
             ports = (free_port(), free_port())
             if arm == "kvgate-kv":
-                extra += ["--tokenizer", str(TOKENIZER), "--kv-events", f"tcp://*:{ports[0]}", "--kv-replay",
+                extra += ["--tokenizer", str(kv_model(out)), "--kv-events", f"tcp://*:{ports[0]}", "--kv-replay",
                           f"tcp://*:{ports[1]}", "--kv-topic", "kv"]
             sim = start_sim(logs, f"{arm}-sim{i}", args.time_scale, extra)
             sim.kv_ports = ports  # type: ignore[attr-defined]
@@ -175,7 +211,9 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         if front is not None:
             procs.append(front)
         base = front.url if front is not None else taps[0].url
-        sessions = [session_requests(c, i) for i, c in enumerate(c for c in CLIENTS for _ in range(args.per_client))]
+        order = ([c for _ in range(args.per_client) for c in CLIENTS] if args.order == "mixed"
+                 else [c for c in CLIENTS for _ in range(args.per_client)])
+        sessions = [session_requests(c, i) for i, c in enumerate(order)]
 
         async def go() -> list[list[int]]:
             async with httpx.AsyncClient(timeout=300) as client:
@@ -219,6 +257,7 @@ def main() -> int:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--per-client", type=int, default=4)
+    p.add_argument("--order", default="mixed", choices=["mixed", "grouped"], help="the sessions' start order")
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--kv-blocks", type=int, default=25_000, help="per replica (16-token blocks)")

@@ -8,9 +8,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from app.config.sessions import SessionSettings
 from app.context import ClassDecision, RouteDecision
 from app.routing.pick import pick
 from app.routing.session_key import SessionKey, session_key
+from app.routing.session_table import SessionTable
 from app.routing.state import ClusterState
 from app.surfaces import CHAT, MESSAGES, RESPONSES
 from tests.routing.factory import make_cluster, make_config
@@ -44,6 +46,16 @@ def test_new_sessions_of_one_prefix_are_spread_evenly_over_the_replicas() -> Non
     state, cfg = cluster()
     placed = Counter(route(state, cfg, s, key=42).replica for s in range(12))
     assert sorted(placed.values()) == [3, 3, 3, 3]
+
+
+def test_mixed_new_sessions_share_the_replicas_that_hold_their_prefix_and_stay_balanced() -> None:
+    for clients in ([11, 22, 33], [101, 202, 303], [7, 8, 9], [1000, 2000, 3000], [5, 50, 500]):
+        state, cfg = cluster()
+        # Three clients (prefix keys), four sessions each, arriving interleaved as mixed traffic does.
+        placed = [(key, route(state, cfg, s, key=key).replica) for s, key in enumerate(clients * 4)]
+        assert sorted(Counter(url for _, url in placed).values()) == [3, 3, 3, 3]
+        # Each prefix on two replicas: six cold system prompts; a count-only balance paid up to twelve.
+        assert len(set(placed)) == 6, clients
 
 
 def test_without_a_session_the_prefix_home_decides_as_before() -> None:
@@ -101,6 +113,18 @@ def test_an_idle_session_is_forgotten_and_placed_again() -> None:
     route(state, cfg, 1)
     now[0] = 11.0
     assert table.home(SessionKey(1, "header").key) is None and len(table) == 0
+
+
+def test_a_replica_is_warm_for_a_prefix_only_while_a_live_session_with_it_is_there() -> None:
+    now = [0.0]
+    table = SessionTable(SessionSettings(idle_s=10), clock=lambda: now[0])
+    table.place(1, "a", prefix=42)
+    table.place(2, "a", prefix=42)
+    table.place(2, "b", prefix=42)  # session 2 moved: "a" still holds session 1
+    assert table.warm(42, "a") and table.warm(42, "b") and not table.warm(7, "a")
+    now[0] = 11.0
+    table.home(1)  # both idle past idle_s: forgotten
+    assert not table.warm(42, "a") and not table.warm(42, "b") and table.count("a") == 0
 
 
 # -- where the session key comes from ---------------------------------------------------------------------------
