@@ -16,6 +16,14 @@ per request (/proc/<pid>/stat over the step), and for the tpot arm the share rou
 
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/tpot_eval.py            # ~5 min
     .venv/bin/python experiments/tpot_eval.py --micro                                  # pick() cost, µs per call
+    flock /tmp/kvgate-bench.lock .venv/bin/python experiments/tpot_eval.py --cpu      # CPU/request, class vs tpot
+
+--cpu: gateway CPU seconds (user+sys of the `kvgate serve` process, /proc) per request, routing.tpot off (class)
+against on (tpot), below saturation: `--cpu-rounds` rounds on the same two sims, each round one gateway per arm
+(the order alternating round by round: class-tpot, tpot-class, ...) with the same load (bulk background and
+`--cpu-rate` interactive, same seeds), warmed for --warm-s, measured over --step-s. The ratio is per round, so
+a machine whose load drifts over minutes weighs on both arms of a round alike; the median and spread are over
+rounds.
 """
 
 from __future__ import annotations
@@ -278,11 +286,13 @@ def micro(args: argparse.Namespace) -> None:
     assert router is not None
     for name, pool in cluster.pools.items():
         c = {"vllm:inter_token_latency_seconds_sum": 0.0, "vllm:inter_token_latency_seconds_count": 0.0,
-             "vllm:spec_decode_num_accepted_tokens": 0.0, "vllm:spec_decode_num_draft_tokens": 0.0}
+             "vllm:spec_decode_num_accepted_tokens": 0.0, "vllm:spec_decode_num_draft_tokens": 0.0,
+             "vllm:time_to_first_token_seconds_count": 0.0}
         for t in range(1, 40):
             b = 4 + t * 3
             c["vllm:inter_token_latency_seconds_sum"] += b * 0.01
             c["vllm:inter_token_latency_seconds_count"] += b
+            c["vllm:time_to_first_token_seconds_count"] += b / 2  # sequences live 2 s: the batch reverts
             c["vllm:spec_decode_num_accepted_tokens"] += b * 0.5
             c["vllm:spec_decode_num_draft_tokens"] += b * 4
             pool.replicas[0].apply_metrics({"vllm:num_requests_running": b, **c}, now=float(t))
@@ -305,6 +315,68 @@ def micro(args: argparse.Namespace) -> None:
         out[label] = best * 1e6
         print(f"pick() {label:10s}: {out[label]:.2f} µs per call (best of 5 x {args.micro_calls})")
     print(f"added by the TPOT router: {out['tpot'] - out['class only']:.2f} µs per interactive request")
+
+
+async def cpu_arm(arm: str, args: argparse.Namespace, sims: tuple[Proc, Proc], log_dir: Path, rnd: int
+                  ) -> tuple[float, float, int]:
+    """One gateway of `arm` under the --cpu load: (CPU ms per request, requests, tpot-routed requests)."""
+    ts = args.time_scale
+    gw = gateway_proc(f"cpu-{arm}-{rnd}", _config(arm, *sims, ts, args.probe_s), log_dir=log_dir)
+    gw.start(ready_path="/ready")
+    inter = BenchSpec(base_url=gw.url, workload="code-chat", model=MODEL, rate=args.cpu_rate * ts,
+                      duration_s=args.warm_s, seed=args.seed + rnd, mixed_ratio=args.code_ratio, time_scale=ts,
+                      timeout_s=600)
+    bulk_spec = BenchSpec(base_url=gw.url, workload="bulk", model=MODEL, rate=args.bulk_rate * ts,
+                          duration_s=(args.warm_s + args.step_s) * 4, seed=args.seed + 7 + rnd, max_tokens=256,
+                          time_scale=ts, timeout_s=600)
+    try:
+        await asyncio.sleep(2 * args.probe_s / ts)
+        background = asyncio.create_task(run_bench(bulk_spec))
+        await run_bench(inter)
+        cpu0, req0 = cpu_seconds(gw.pid), _gateway_requests(gw)
+        result = await run_bench(replace(inter, duration_s=args.step_s, seed=args.seed + 1000 + rnd))
+        cpu, req = cpu_seconds(gw.pid) - cpu0, _gateway_requests(gw) - req0
+        background.cancel()
+        await asyncio.gather(background, return_exceptions=True)
+    finally:
+        gw.stop()
+    routed = sum(1 for r in result.records if "pick=tpot" in (r.route or ""))
+    return 1000 * cpu / max(req, 1), req, routed
+
+
+async def cpu_ab(args: argparse.Namespace) -> None:
+    """--cpu: class vs tpot gateway CPU per request, alternating rounds (module docstring)."""
+    log_dir = Path(tempfile.mkdtemp(prefix="kvgate-tpot-cpu-"))
+    sims = _sims(args, log_dir)
+    rows: list[tuple[int, dict[str, tuple[float, float, int]]]] = []
+    try:
+        for s in sims:
+            s.start()
+        for rnd in range(args.cpu_rounds):
+            order = ("class", "tpot") if rnd % 2 == 0 else ("tpot", "class")
+            got = {arm: await cpu_arm(arm, args, sims, log_dir, rnd) for arm in order}
+            rows.append((rnd, got))
+            print(f"[{time.strftime('%H:%M:%S')}] round {rnd + 1} ({'-'.join(order)}): "
+                  + "; ".join(f"{a} {v[0]:.3f} ms/req over {v[1]:.0f}" for a, v in got.items()), flush=True)
+    finally:
+        for s in sims:
+            s.stop()
+    print()
+    print(f"sims h100-8b --time-scale {args.time_scale:g}; interactive {args.cpu_rate:g} req/s (code share "
+          f"{args.code_ratio}) + bulk {args.bulk_rate:g} req/s, modeled; {args.step_s:g} s measured per gateway "
+          f"after {args.warm_s:g} s warm-up; gateway CPU = user+sys of the kvgate serve process")
+    print(f"{'round':>5s} {'order':>11s} {'class ms/req':>13s} {'tpot ms/req':>12s} {'requests':>9s} "
+          f"{'tpot-routed':>12s} {'tpot/class':>11s}")
+    ratios = []
+    for rnd, got in rows:
+        c, t = got["class"], got["tpot"]
+        ratios.append(t[0] / c[0])
+        order = "class-tpot" if rnd % 2 == 0 else "tpot-class"
+        print(f"{rnd + 1:>5d} {order:>11s} {c[0]:13.3f} {t[0]:12.3f} {c[1]:4.0f}/{t[1]:<4.0f} {t[2]:12d} "
+              f"{ratios[-1]:11.3f}")
+    s = sorted(ratios)
+    print(f"tpot/class CPU per request: median {_median(ratios):.3f}, min {s[0]:.3f}, max {s[-1]:.3f} over "
+          f"{len(s)} rounds (target <= 1.03); logs {log_dir}")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, list[Step]]:
@@ -343,9 +415,15 @@ def main() -> None:
     p.add_argument("--dump", default=None, help="write every request's record (JSON lines) here")
     p.add_argument("--micro", action="store_true", help="only time pick() with and without the router")
     p.add_argument("--micro-calls", type=int, default=20000)
+    p.add_argument("--cpu", action="store_true", help="only gateway CPU per request, class vs tpot, in rounds")
+    p.add_argument("--cpu-rounds", type=int, default=6)
+    p.add_argument("--cpu-rate", type=float, default=40.0, help="interactive req/s (modeled) for --cpu")
     args = p.parse_args()
     if args.micro:
         micro(args)
+        return
+    if args.cpu:
+        asyncio.run(cpu_ab(args))
         return
     results = asyncio.run(main_async(args))
     report(args, results)

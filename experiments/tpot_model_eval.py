@@ -56,6 +56,9 @@ class Flight:
     first: float = 0.0
     last: float = 0.0
     events: int = 0
+    batch_sum: float = 0.0  # decoding sequences of each of its decode steps, summed (--diagnose)
+    decode_steps: int = 0
+    predicted: tuple[float, float, float] | None = None  # (query batch, step s, tokens per step) it was priced at
 
 
 @dataclass
@@ -152,7 +155,9 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[int, list[Flight]]:
             ctx = RequestContext(request_id=req.rid, surface=CHAT, path="/v1/chat/completions", body=body, model="m",
                                  stream=True, client_wants_usage=True, headers={})
             ctx.tenant, ctx.route_class, ctx.route, ctx.status = Tenant("t"), INTERACTIVE, route, 200
-        eng.flights[id(req)] = Flight(req, kind, interactive, at, step, eng.replica, ctx)
+        eng.flights[id(req)] = Flight(req, kind, interactive, at, step, eng.replica, ctx,
+                                      predicted=priced.get(route.pool))
+        priced.clear()
         eng.sched.add(req)
 
     while events or any(e.sched.has_work() or e.batch for e in engines.values()):
@@ -175,6 +180,9 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[int, list[Flight]]:
             for r, c in produced:
                 f = e.flights[id(r)]
                 f.events += 1
+                if r.num_output > c:
+                    f.batch_sum += decoding
+                    f.decode_steps += 1
                 if r.num_output == c:
                     f.first = now
                     e.counters[m.TTFT_SUM] += now - f.arrival
@@ -210,6 +218,54 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[int, list[Flight]]:
 
 
 throughput: dict[str, float] = {}
+priced: dict[str, tuple[float, float, float]] = {}  # pool -> what the last pick priced it at (--diagnose)
+
+
+def _record_pricing() -> None:
+    """Wrap the router's best_total so each pick leaves (batch, step s, tokens per step) per pool in `priced`."""
+    import app.routing.tpot.router as tr
+    from app.routing.tpot.predict import expected_batch
+
+    inner = tr.best_total
+
+    def best_total(model: Any, candidates: Any, tokens_per_step: float, output_tokens: int) -> tuple[float, float]:
+        total, tpot = inner(model, candidates, tokens_per_step, output_tokens)
+        for r in candidates:  # best_total's own steps, to see which batch it priced
+            others = r.in_flight + r.external
+            batch = min(others + 1, r.capacity or 1 << 30)
+            step = model.fit.predict(batch)
+            level = model.levels.get(r.url)
+            if step is not None and level is not None and level.lifetime_s > 0 and output_tokens > 1:
+                life = (output_tokens - 1) * step / tokens_per_step
+                batch = expected_batch(others, level.level, level.lifetime_s, life, r.capacity)
+                step = model.fit.predict(batch) or step
+            if step is not None and abs(step / tokens_per_step - tpot) < 1e-12:
+                priced[model.name] = (batch, step, tokens_per_step)
+        return total, tpot
+
+    tr.best_total = best_total
+
+
+def diagnose(results: dict[str, dict[int, list[Flight]]], rates: list[float]) -> None:
+    """Where the tpot arm's prediction error comes from: per step, pool and kind, the signed error of the
+    step time and of tokens per step, and the batch priced against the batch seen."""
+    import statistics as st
+
+    print("step  pool kind    n  med|err|  med(pred/obs)  step pred/obs  tok/step pred/obs  batch priced  seen")
+    for i, rate in enumerate(rates):
+        for pool in ("spec", "bulk"):
+            for kind in ("code", "chat"):
+                fl = [f for f in results["tpot"][i] if f.kind == kind and f.ctx and f.ctx.route
+                      and f.ctx.route.pool == pool and f.ctx.route.prediction and f.predicted and f.decode_steps > 1]
+                if not fl:
+                    continue
+                ratio = [f.ctx.route.prediction.tpot_s / _tpot(f) for f in fl]
+                step_r = [f.predicted[1] / ((f.last - f.first) / (f.events - 1)) for f in fl]
+                tok_r = [f.predicted[2] / ((f.req.num_output - 1) / (f.events - 1)) for f in fl]
+                print(f"{rate:4g} {pool:>5s} {kind:4s} {len(fl):4d} {st.median(abs(r - 1) for r in ratio):9.3f}"
+                      f" {st.median(ratio):14.3f} {st.median(step_r):14.3f} {st.median(tok_r):18.3f}"
+                      f" {st.median(f.predicted[0] for f in fl):13.0f}"
+                      f" {st.median(f.batch_sum / f.decode_steps for f in fl):5.0f}")
 
 
 def _pct(vals: list[float], p: float) -> float | None:
@@ -273,10 +329,17 @@ def main() -> None:
     p.add_argument("--warm-s", type=float, default=3.0)
     p.add_argument("--probe-s", type=float, default=0.25)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--diagnose", action="store_true", help="break the tpot arm's error down (step time, tokens/step)")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     args = p.parse_args()
     t0 = time.process_time()
-    results = {arm: run_arm(arm, args) for arm in ARMS}
-    report(args, results)
+    if args.diagnose:
+        _record_pricing()
+    results = {arm: run_arm(arm, args) for arm in args.arms}
+    if set(ARMS) <= set(results):
+        report(args, results)
+    if args.diagnose:
+        diagnose(results, args.rates)
     print(f"CPU {time.process_time() - t0:.0f} s")
 
 

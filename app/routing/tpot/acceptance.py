@@ -40,6 +40,37 @@ class Mean:
         return (n * self.mean + strength * prior) / (n + strength)
 
 
+class StepMean:
+    """Tokens per step over the streams that ended lately, as the counters count it: Σ tokens / Σ steps (a long
+    stream weighs by its steps), decayed on the counters' clock (`decay`, once per replica interval) so that it
+    covers the same recent traffic as the pool figure it is compared with. A mean of per-stream ratios over the
+    last 200 streams was neither: when the router moved chat (1.4 tokens per step) off a pool that kept code
+    (3.7), the counters saw the new mix within seconds and the stream mean still held the old one, and code's
+    estimate came out 5-9 % off (experiments/tpot_model_eval.py --diagnose)."""
+
+    __slots__ = ("_steps", "_tokens", "n")
+
+    def __init__(self) -> None:
+        self.n = 0.0
+        self._tokens = self._steps = 0.0
+
+    def add(self, tokens_per_step: float, steps: float) -> None:
+        """One stream's tokens per step over its `steps` steps."""
+        self.n += 1.0
+        self._tokens += tokens_per_step * steps
+        self._steps += steps
+
+    def decay(self) -> None:
+        """One replica interval passed (as the counter sums decay)."""
+        self._tokens *= COUNTER_DECAY
+        self._steps *= COUNTER_DECAY
+
+    @property
+    def mean(self) -> float:
+        """The step-weighted mean (0 before any stream)."""
+        return self._tokens / self._steps if self._steps > 0 else 0.0
+
+
 class PoolAcceptance:
     """One pool's acceptance: counter sums (all traffic) and stream means (this gateway's), bounded in keys."""
 
@@ -51,7 +82,7 @@ class PoolAcceptance:
         self._accepted = self._steps = self._draft_tokens = 0.0
         self._strength = prior_streams
         self._max_keys = max_keys
-        self.streams = Mean()  # every stream relayed from this pool
+        self.streams = StepMean()  # every stream relayed from this pool, as the counters weigh it
         self._kinds: dict[str, Mean] = {}
         self._keys: OrderedDict[tuple[str, str], Mean] = OrderedDict()
         # expected() per (tenant, kind) until the next observation: picks between two settles hit this.
@@ -63,6 +94,7 @@ class PoolAcceptance:
         self._accepted = self._accepted * COUNTER_DECAY + accepted
         self._steps = self._steps * COUNTER_DECAY + steps
         self._draft_tokens = self._draft_tokens * COUNTER_DECAY + draft_tokens
+        self.streams.decay()
 
     def tokens_per_step(self) -> float:
         """The pool's mean tokens per decode step (1 until its counters said otherwise)."""
@@ -72,12 +104,12 @@ class PoolAcceptance:
         """Accepted / proposed draft tokens (vLLM's acceptance rate), None before any draft."""
         return self._accepted / self._draft_tokens if self._draft_tokens > 0 else None
 
-    def add_stream(self, tenant: str, kind: str, tokens_per_event: float) -> None:
-        """One finished stream of `tenant`'s request of `kind` on this pool."""
-        if not 0.0 < tokens_per_event <= MAX_TOKENS_PER_STEP:
+    def add_stream(self, tenant: str, kind: str, tokens_per_event: float, steps: float = 1.0) -> None:
+        """One finished stream of `tenant`'s request of `kind` on this pool, over `steps` decode steps (events)."""
+        if not 0.0 < tokens_per_event <= MAX_TOKENS_PER_STEP or steps <= 0:
             return
         self._expected.clear()
-        self.streams.add(tokens_per_event)
+        self.streams.add(tokens_per_event, steps)
         self._kinds.setdefault(kind, Mean()).add(tokens_per_event)
         key = (tenant, kind)
         found = self._keys.get(key)
@@ -103,11 +135,12 @@ class PoolAcceptance:
         if ref.n == 0:
             return base
         by_kind = self._kinds.get(kind)
-        level = by_kind.shrunk(ref.mean, self._strength) if by_kind is not None else ref.mean
+        ref_mean = ref.mean
+        level = by_kind.shrunk(ref_mean, self._strength) if by_kind is not None else ref_mean
         own = self._keys.get((tenant, kind))
         if own is not None:
             level = own.shrunk(level, self._strength)
-        return min(max(base * level / ref.mean, 1.0), MAX_TOKENS_PER_STEP)
+        return min(max(base * level / ref_mean, 1.0), MAX_TOKENS_PER_STEP)
 
     def by_key(self) -> list[tuple[str, str, float]]:
         """(tenant, kind, expected tokens per step) for every key seen, for /metrics."""

@@ -7,6 +7,7 @@ scrape before (one float comparison per replica per pick otherwise).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from app.routing import promtext as m
@@ -17,6 +18,33 @@ from app.routing.tpot.step_fit import StepFit
 # Prefill seconds per uncached prompt token before the pool's own counters say (an H100 at 8B: ~36 µs).
 DEFAULT_PREFILL_S_PER_TOKEN = 4e-5
 PREFILL_ALPHA = 0.2
+# Decode lifetime (Little: Δ itl sum / Δ requests that reached their first token) from sums that decay by this per
+# interval; the batch level averages over LEVEL_LIFETIMES of those lifetimes.
+LIFETIME_DECAY = 0.8
+LEVEL_LIFETIMES = 2.0
+
+
+class BatchLevel:
+    """One replica's decode batch as its scrapes saw it: the level it has averaged lately and how long a sequence
+    stays in it. A request's batch reverts from what it is at the pick toward this level over its life (the
+    requests in flight finish, new ones arrive at the rate that made the level), see predict.expected_batch."""
+
+    __slots__ = ("_seq_s", "_started", "level", "lifetime_s")
+
+    def __init__(self, batch: float) -> None:
+        self.level = batch
+        self.lifetime_s = 0.0  # 0: unknown (no first-token counts), the batch at the pick is used as it is
+        self._seq_s = self._started = 0.0
+
+    def add(self, dt: float, batch: float, seq_s: float, started: float) -> None:
+        """One interval of `dt` s: its time-averaged decode batch, Σ decode seconds and first tokens."""
+        self._seq_s = self._seq_s * LIFETIME_DECAY + seq_s
+        self._started = self._started * LIFETIME_DECAY + started
+        if self._started > 0.5:
+            self.lifetime_s = self._seq_s / self._started
+        tau = max(LEVEL_LIFETIMES * self.lifetime_s, dt)
+        w = math.exp(-dt / tau)
+        self.level = w * self.level + (1.0 - w) * batch
 
 
 def _delta(prev: Mapping[str, float], cur: Mapping[str, float], name: str) -> float:
@@ -31,8 +59,8 @@ class PoolModel:
     """One pool's step-time fit, acceptance and prefill speed; `refresh` takes in new scrapes."""
 
     __slots__ = (
-        "_seen", "acceptance", "clock", "fit", "intervals", "last_decode", "name", "prefill_s_per_token",
-        "speculative", "window",
+        "_seen", "acceptance", "clock", "fit", "intervals", "last_decode", "levels", "name",
+        "prefill_s_per_token", "speculative", "window",
     )
 
     def __init__(self, name: str, *, speculative: bool, window: int, prior_streams: float) -> None:
@@ -49,6 +77,7 @@ class PoolModel:
         self.clock = 0.0
         self.last_decode = 0.0
         self._seen: dict[str, tuple[float, Mapping[str, float]]] = {}
+        self.levels: dict[str, BatchLevel] = {}  # replica url -> its recent decode batch and sequence lifetime
 
     def refresh(self, replicas: Iterable[ReplicaState]) -> None:
         """Take in every replica's scrape newer than the last one seen."""
@@ -59,9 +88,9 @@ class PoolModel:
                     self._seen[r.url] = (r.last_scrape, r.counters)
                     self.clock = max(self.clock, r.last_scrape)
                 if seen is not None and r.counters:
-                    self._ingest(r.last_scrape, r.last_scrape - seen[0], seen[1], r.counters)
+                    self._ingest(r.url, r.last_scrape, r.last_scrape - seen[0], seen[1], r.counters)
 
-    def _ingest(self, now: float, dt: float, prev: Mapping[str, float], cur: Mapping[str, float]) -> None:
+    def _ingest(self, url: str, now: float, dt: float, prev: Mapping[str, float], cur: Mapping[str, float]) -> None:
         if dt <= 0:
             return
         if cur.get(m.ITL_COUNT, 0.0) < prev.get(m.ITL_COUNT, 0.0):
@@ -69,9 +98,14 @@ class PoolModel:
             # of it now; the router stands aside until this pool has `min_samples` new intervals.
             self.fit = StepFit(self.window)
             self.intervals = 0
+            self.levels.pop(url, None)
             return
         itl_sum = _delta(prev, cur, m.ITL_SUM)
         steps = _delta(prev, cur, m.ITL_COUNT)
+        level = self.levels.get(url)
+        if level is None:
+            level = self.levels[url] = BatchLevel(itl_sum / dt)
+        level.add(dt, itl_sum / dt, itl_sum, _delta(prev, cur, m.TTFT_COUNT))
         if steps > 0 and itl_sum > 0:
             # Σ over steps of (decoding sequences x step time) / wall time = the time-averaged decode batch.
             self.fit.add(itl_sum / dt, itl_sum / steps)

@@ -48,3 +48,19 @@ def test_keys_are_bounded() -> None:
     for i in range(10):
         a.add_stream(f"t{i}", "code", 2.0)
     assert len(a.by_key()) == 4
+
+
+def test_when_a_kind_leaves_the_pool_the_others_estimate_follows_the_counters_not_the_old_streams() -> None:
+    # Code yields 3.6 tokens per step over 70 steps, prose 1.4 over 90; then the prose moves to another pool.
+    a = PoolAcceptance(prior_streams=2)
+    for _ in range(20):
+        a.add_counters(accepted=70 * 2.6 + 90 * 0.4, steps=160, draft_tokens=640)
+        a.add_stream("t", "code", 3.6, 70)
+        a.add_stream("t", "prose", 1.4, 90)
+    assert a.expected("t", "code") == pytest.approx(3.6, rel=0.02)
+    for _ in range(30):
+        a.add_counters(accepted=70 * 2.6, steps=70, draft_tokens=280)
+        a.add_stream("t", "code", 3.6, 70)
+    # the counters read 3.6 within a few intervals; streams averaged over the last 200 would still hold the prose
+    # and scale code up to 4.3
+    assert a.expected("t", "code") == pytest.approx(3.6, rel=0.02)

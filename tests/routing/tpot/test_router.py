@@ -165,7 +165,9 @@ def test_settle_teaches_output_length_acceptance_and_the_prediction_error() -> N
     assert router._output_tokens("t", "code", {}) < 256  # one 121-token answer pulls the default down
 
 
-def test_observed_tpot_steadily_above_the_prediction_calibrates_the_next_predictions_up() -> None:
+def test_settled_requests_slower_than_predicted_count_as_error_and_do_not_shift_the_next_prediction() -> None:
+    # No calibration factor: errors of requests that overlap are one error (the batch they shared), and a factor
+    # fed by them chased the last burst (router.py). What they show is the median error, for /metrics.
     cfg, cluster, router, fast, bulk = setup()
     warm(fast, bulk, (2, 4, 8, 16), 100)
     first = decide(cfg, cluster, CODE)
@@ -181,8 +183,9 @@ def test_observed_tpot_steadily_above_the_prediction_calibrates_the_next_predict
         router.observe(ctx)
     last = decide(cfg, cluster, CODE)
     assert last.prediction is not None
-    assert last.prediction.tpot_s == pytest.approx(first.prediction.tpot_s * 1.3, rel=0.06)
-    assert router.median_error("fast") is not None and router.median_error("fast") < 0.2
+    # the streams taught 2 tokens per step (101 tokens, 51 events), as the counters did (accepted 1.0 per step)
+    assert last.prediction.tpot_s == pytest.approx(first.prediction.tpot_s, rel=0.02)
+    assert router.median_error("fast") == pytest.approx(0.3 / 1.3, rel=0.05)
 
 
 def busy_fast_idle_bulk(fast: Engine, bulk: Engine, cluster: ClusterState) -> None:
