@@ -9,8 +9,8 @@ busy neighbour hits all alike:
   default   no admission key: with two tenants the queue is on (enabled unset)
   on        admission: {enabled: true}
 
-CPU per request is the gateway's own utime+stime over a round divided by the requests it served; the table
-gives the median over rounds and the ratio to `off`.
+The order of the variants rotates from round to round. CPU per request is the gateway's own utime+stime over a
+round divided by the requests it served; the table gives the median over rounds and the ratio to `off`.
 
     .venv/bin/python experiments/admission_overhead.py [--rounds 5] [--seconds 5] [--concurrency 16]
 """
@@ -75,8 +75,12 @@ def main() -> int:
             path.write_text(yaml.safe_dump(gateway_config(upstream.url, admission)))
             procs[name] = start([PY, "-m", "app.cli", "serve", "--config", str(path), "--port", str(port)], port, "0")
             asyncio.run(load(procs[name].url, 4, 1.0))  # warm-up
-        for _ in range(args.rounds):
-            for name, proc in procs.items():
+        names = list(procs)
+        for r in range(args.rounds):
+            # Each round starts with the next variant: a neighbour or a clock that favours the first (or last)
+            # slot of a round would otherwise favour one variant in every round.
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                proc = procs[name]
                 before, t0 = cpu_seconds(proc.pid), time.perf_counter()
                 n, bad = asyncio.run(load(proc.url, args.concurrency, args.seconds))
                 cpu[name].append(1000 * (cpu_seconds(proc.pid) - before) / max(n, 1))
@@ -88,12 +92,14 @@ def main() -> int:
         upstream.stop()
     base = statistics.median(cpu["off"])
     print(f"{args.rounds} rounds x {args.seconds:.0f} s per variant, concurrency {args.concurrency}, two tenants")
-    print(f"{'admission':<10} {'CPU ms/req':>11} {'x off':>7} {'req/s':>8} {'errors':>7}  per-round CPU ms/req")
+    print(f"{'admission':<10} {'CPU ms/req':>11} {'x off':>7} {'req/s':>8} {'errors':>7}  per-round CPU ms/req"
+          "  (x off, same round)")
     for name in VARIANTS:
         med = statistics.median(cpu[name])
         rounds = " ".join(f"{c:.3f}" for c in cpu[name])
+        ratios = [c / o for c, o in zip(cpu[name], cpu["off"], strict=True)]
         print(f"{name:<10} {med:>11.3f} {med / base:>7.3f} {statistics.median(rps[name]):>8.0f} {errors[name]:>7}  "
-              f"{rounds}")
+              f"{rounds}  (median {statistics.median(ratios):.3f}, {min(ratios):.3f}..{max(ratios):.3f})")
     return 0
 
 
