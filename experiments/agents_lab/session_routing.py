@@ -168,7 +168,10 @@ def start_front(arm: str, sims: list[Proc], taps: list[Proc], logs: Path) -> Pro
 
     policy = {"kvgate": "prefix_affinity", "kvgate-nosess": "prefix_affinity", "round-robin": "round_robin"}.get(
         arm, "prefix_affinity")
-    routing: dict[str, Any] = {"probe_interval_s": 0.5}
+    # Probes every 0.5 s, but 5 s to answer: a sim tokenizing 100 KB bodies on a starved 2-core host answers
+    # /health late, and the default 1 s timeout (two intervals) took such a replica out of rotation in the first
+    # kvgate-kv run, which moved its three sessions (this measures routing, not health detection).
+    routing: dict[str, Any] = {"probe_interval_s": 0.5, "probe_timeout_min_s": 5.0}
     if arm == "kvgate-nosess":
         routing["sessions"] = {"enabled": False}
     cfg = gateway_cfg(urls, "off", policy, routing)
