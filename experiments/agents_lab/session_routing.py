@@ -100,8 +100,10 @@ def session_requests(client: str, index: int) -> list[dict[str, Any]]:
     return out
 
 
-async def replay_session(client: httpx.AsyncClient, base: str, reqs: list[dict[str, Any]]) -> list[int]:
-    """Send one session's requests in order, each after the last answered; their statuses."""
+async def replay_session(client: httpx.AsyncClient, base: str, reqs: list[dict[str, Any]],
+                         routes: list[str]) -> list[int]:
+    """Send one session's requests in order, each after the last answered; their statuses (the gateway's
+    x-kvgate-route headers appended to `routes`)."""
     statuses = []
     for req in reqs:
         headers = dict(req["headers"])
@@ -114,6 +116,8 @@ async def replay_session(client: httpx.AsyncClient, base: str, reqs: list[dict[s
             r = await client.post(url, json=req["body"], headers=headers)
             await r.aread()
             statuses.append(r.status_code)
+            if "x-kvgate-route" in r.headers:
+                routes.append(r.headers["x-kvgate-route"])
         except httpx.HTTPError:
             statuses.append(-1)
     return statuses
@@ -164,7 +168,10 @@ def start_front(arm: str, sims: list[Proc], taps: list[Proc], logs: Path) -> Pro
 
     policy = {"kvgate": "prefix_affinity", "kvgate-nosess": "prefix_affinity", "round-robin": "round_robin"}.get(
         arm, "prefix_affinity")
-    routing: dict[str, Any] = {"probe_interval_s": 0.5}
+    # Probes every 0.5 s, but 5 s to answer: a sim tokenizing 100 KB bodies on a starved 2-core host answers
+    # /health late, and the default 1 s timeout (two intervals) took such a replica out of rotation in the first
+    # kvgate-kv run, which moved its three sessions (this measures routing, not health detection).
+    routing: dict[str, Any] = {"probe_interval_s": 0.5, "probe_timeout_min_s": 5.0}
     if arm == "kvgate-nosess":
         routing["sessions"] = {"enabled": False}
     cfg = gateway_cfg(urls, "off", policy, routing)
@@ -215,9 +222,11 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
                  else [c for c in CLIENTS for _ in range(args.per_client)])
         sessions = [session_requests(c, i) for i, c in enumerate(order)]
 
+        routes: list[str] = []
+
         async def go() -> list[list[int]]:
             async with httpx.AsyncClient(timeout=300) as client:
-                return await asyncio.gather(*(replay_session(client, base, s) for s in sessions))
+                return await asyncio.gather(*(replay_session(client, base, s, routes) for s in sessions))
 
         statuses = asyncio.run(go())
     finally:
@@ -232,7 +241,11 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     loads = [per_replica.get(i, 0) for i in range(n)]
     flat = [s for ss in statuses for s in ss]
     cached, prompt = sum(r["cached"] for r in recs), sum(r["prompt"] for r in recs)
-    return {"arm": arm, "requests": len(flat), "ok": sum(1 for s in flat if s == 200),
+    # The route header's pick (session_new / session_home / session_moved / ...) and retries, where kvgate decided.
+    fields = [dict(f.split("=", 1) for f in r.split(";") if "=" in f) for r in routes]
+    reasons = Counter(f.get("pick", "?") + (f" (attempt {f['attempt']})" if f.get("attempt", "1") != "1" else "")
+                      for f in fields)
+    return {"arm": arm, "requests": len(flat), "reasons": dict(reasons), "ok": sum(1 for s in flat if s == 200),
             "status_counts": dict(Counter(flat)), "sessions": len(sessions),
             "min_share": min(shares.values()) if shares else 0.0,
             "sessions_95": sum(1 for v in shares.values() if v >= 0.95),
