@@ -54,6 +54,13 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("path") in SURFACES and isinstance(r.get("body"), dict)]
 
 
+def normalized_row(row: dict[str, Any], surface: Any, memory: VolatilityMemory) -> tuple[Any, Any]:
+    """The captured request as kvgate `on` sends it upstream: (body, its normalize report)."""
+    headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
+    return normalize(row["body"], surface=surface, tenant=tenant(), model=model(), memory=memory, opt_out=False,
+                     now=NOW, headers=headers)
+
+
 def replay(rows: list[dict[str, Any]], on: bool) -> tuple[Hits, set[str]]:
     cache, memory = PrefixCache(), VolatilityMemory()
     hits: Hits = defaultdict(list)
@@ -62,9 +69,7 @@ def replay(rows: list[dict[str, Any]], on: bool) -> tuple[Hits, set[str]]:
         name, surface = SURFACES[row["path"]]
         body = row["body"]
         if on:
-            headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
-            body, report = normalize(body, surface=surface, tenant=tenant(), model=model(), memory=memory,
-                                     opt_out=False, now=NOW, headers=headers)
+            body, report = normalized_row(row, surface, memory)
             headers_seen.add(report.header())
         hit = cache.serve(render(name, body))
         for group in ("all", str(row.get("kind")), f"{row.get('session')} / {row.get('kind')}"):
@@ -82,9 +87,7 @@ def ceiling(rows: list[dict[str, Any]], direct: Hits, normalized: Hits) -> Hits:
             name, surface = SURFACES[row["path"]]
             body = row["body"]
             if on:
-                headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
-                body, _ = normalize(body, surface=surface, tenant=tenant(), model=model(), memory=memory,
-                                    opt_out=False, now=NOW, headers=headers)
+                body, _ = normalized_row(row, surface, memory)
             # A side request (opencode's title) is a conversation of its own within the session.
             served.append(caches[(row.get("session"), row.get("kind") == "other")].serve(render(name, body)))
         arms.append(served)

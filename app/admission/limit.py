@@ -21,7 +21,9 @@ def learn_capacity(capacity: int | None, sat: Saturation) -> int | None:
     # The maximum, not the last full scrape: an engine also queues while its prefill token budget is spent,
     # with fewer sequences running than it can hold (measured: taking the last value cost 25-33% of tokens/s).
     if capacity is None:
-        return sat.running if sat.full else None
+        # A replica that queues with nothing running is between engine steps (a request just arrived), not full:
+        # learning from it made the capacity 0 and kept a lone request waiting in the gateway for a whole reply.
+        return sat.running if sat.full and sat.running >= max(1, sat.replicas) else None
     return max(capacity, sat.running)
 
 

@@ -33,6 +33,12 @@ def test_capacity_is_what_runs_when_every_replica_is_full() -> None:
     assert learn_capacity(70, SATURATED) == 70  # a full scrape with fewer running: the prefill budget, not slots
 
 
+def test_a_queue_with_nothing_running_yet_teaches_no_capacity() -> None:
+    arrived = Saturation(True, "waiting", replicas=1, saturated_replicas=1, excess=0, queued=1, running=0, full=True)
+    assert learn_capacity(None, arrived) is None
+    assert learn_capacity(None, SATURATED) == 60
+
+
 def test_room_with_waiters_raises_the_cap_a_threshold_per_replica() -> None:
     assert next_limit(34, 34, 5, ROOM, CFG) == 42
     assert next_limit(None, 34, 5, ROOM, CFG) is None

@@ -53,10 +53,11 @@ class Stack:
     say: Callable[[str], None]
     timings: dict[str, float] = field(default_factory=dict)
 
-    def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def compose(self, *args: str, timeout: float = 600, stdin: str | None = None
+                ) -> subprocess.CompletedProcess[str]:
         """`docker compose <args>` on the test's project, files and env file (the script's `compose`)."""
-        return subprocess.run([str(SCRIPT), "compose", *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run([str(SCRIPT), "compose", *args], env=self.env, input=stdin, capture_output=True,
+                              text=True, timeout=timeout)
 
     def spend_micros(self) -> int:
         """acme's spend this month, read from Redis inside its container."""
@@ -228,8 +229,7 @@ def _engine_chat(st: Stack, service: str, text: str) -> None:
     script = ("import sys, urllib.request; r = urllib.request.Request('http://127.0.0.1:8000/v1/chat/completions', "
               "sys.stdin.buffer.read(), {'content-type': 'application/json'}); "
               "print(urllib.request.urlopen(r, timeout=120).status)")
-    out = subprocess.run([str(SCRIPT), "compose", "exec", "-T", service, "python3", "-c", script], env=st.env,
-                         input=body, capture_output=True, text=True, timeout=180)
+    out = st.compose("exec", "-T", service, "python3", "-c", script, timeout=180, stdin=body)
     assert out.returncode == 0 and out.stdout.strip() == "200", out.stderr[-2000:]
 
 

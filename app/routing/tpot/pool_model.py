@@ -60,14 +60,13 @@ class PoolModel:
 
     __slots__ = (
         "_seen", "acceptance", "clock", "fit", "intervals", "last_decode", "levels", "name",
-        "prefill_s_per_token", "speculative", "window",
+        "prefill_s_per_token", "speculative",
     )
 
     def __init__(self, name: str, *, speculative: bool, window: int, prior_streams: float) -> None:
         self.name = name
         # Configured (pools.<p>.speculative), or seen: a replica that publishes spec-decode counters speculates.
         self.speculative = speculative
-        self.window = window
         self.fit = StepFit(window)
         self.acceptance = PoolAcceptance(prior_streams)
         self.prefill_s_per_token = DEFAULT_PREFILL_S_PER_TOKEN
@@ -96,7 +95,7 @@ class PoolModel:
         if cur.get(m.ITL_COUNT, 0.0) < prev.get(m.ITL_COUNT, 0.0):
             # A counter went back: the engine restarted, maybe with other flags. What it did before says nothing
             # of it now; the router stands aside until this pool has `min_samples` new intervals.
-            self.fit = StepFit(self.window)
+            self.fit.clear()
             self.intervals = 0
             self.levels.pop(url, None)
             return

@@ -39,6 +39,12 @@ class StepFit:
         self._xmin, self._xmax = min(xs), max(xs)
         self._memo.clear()
 
+    def clear(self) -> None:
+        """Forget every point (the engine behind them is gone)."""
+        self._points.clear()
+        self._memo.clear()
+        self._xmin = self._xmax = 0.0
+
     def predict(self, batch: int) -> float | None:
         """Step seconds at `batch` decoding sequences (None without points)."""
         found = self._memo.get(batch)
