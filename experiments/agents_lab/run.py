@@ -137,8 +137,12 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "Lab", "GIT_AUTHOR_EMAIL": "lab@example.invalid", 
            "GIT_COMMITTER_DATE": "2026-11-30T12:00:00Z"}
 
 
-def make_repo(path: Path) -> None:
-    """A small git repo: a README, six ~3.6k-token modules, two commits with fixed dates (same hashes every arm)."""
+FIXED_MTIME = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()  # `ls -la` prints the same bytes in every arm
+
+
+def make_repo(path: Path, module_tokens: int = 3600) -> None:
+    """A small git repo: a README, six modules of ~`module_tokens` tokens, two commits with fixed dates (same hashes
+    every arm), the work tree's mtimes fixed too (so a tool's `ls -la` output does not depend on when the arm ran)."""
     if path.exists():
         shutil.rmtree(path)
     (path / "src").mkdir(parents=True)
@@ -148,9 +152,11 @@ def make_repo(path: Path) -> None:
     subprocess.run(["git", "add", "."], cwd=path, check=True, env=env)
     subprocess.run(["git", "commit", "-q", "-m", "Initial commit"], cwd=path, check=True, env=env)
     for n in range(1, 7):
-        (path / "src" / f"mod_{n}.py").write_text(module_text(n))
+        (path / "src" / f"mod_{n}.py").write_text(module_text(n, module_tokens))
     subprocess.run(["git", "add", "."], cwd=path, check=True, env=env)
     subprocess.run(["git", "commit", "-q", "-m", "Add the inventory modules"], cwd=path, check=True, env=env)
+    for p in [*(path / "src").iterdir(), path / "README.md", path / "src", path]:
+        os.utime(p, (FIXED_MTIME, FIXED_MTIME))
 
 
 # ---- clients ----------------------------------------------------------------------------------------------------
@@ -212,16 +218,19 @@ def setup_home(client: str, home: Path, base: str) -> None:
                                                        True}))
 
 
-def client_argv(client: str, prompt: str, *, resume: bool) -> list[str]:
-    """The headless command line of one turn."""
+def client_argv(client: str, prompt: str, *, resume: bool, extra: list[str] | None = None) -> list[str]:
+    """The headless command line of one turn (`extra`: more flags for the client, e.g. Claude Code's
+    `--exclude-dynamic-system-prompt-sections`)."""
     exe = str(bin_path(client))
+    extra = extra or []
     if client == "claude":
-        return [exe, "-p", prompt, "--output-format", "json", "--model", MODEL, "--allowedTools", "Bash",
+        return [exe, "-p", prompt, "--output-format", "json", "--model", MODEL, "--allowedTools", "Bash", *extra,
                 *(["--continue"] if resume else [])]
     if client == "codex":
         flags = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
+        flags += extra
         return [exe, "exec", "resume", "--last", *flags, prompt] if resume else [exe, "exec", *flags, prompt]
-    return [exe, "run", *(["--continue"] if resume else []), prompt]
+    return [exe, "run", *extra, *(["--continue"] if resume else []), prompt]
 
 
 # ---- processes --------------------------------------------------------------------------------------------------
@@ -329,8 +338,8 @@ def run_arm(client: str, arm: str, out: Path, args: argparse.Namespace) -> dict[
         home = WORK / "home" / client
         setup_home(client, home, layer.url)
         repo_a, repo_b = WORK / client / "repo-a" / "inventory", WORK / client / "repo-b" / "inventory"
-        make_repo(repo_a)
-        make_repo(repo_b)
+        make_repo(repo_a, args.module_tokens)
+        make_repo(repo_b, args.module_tokens)
         env = client_env(client, home, layer.url)
         clog = logs / f"{client}-{arm}-client.log"
         clog.unlink(missing_ok=True)
@@ -338,10 +347,13 @@ def run_arm(client: str, arm: str, out: Path, args: argparse.Namespace) -> dict[
             cwd = repo_a if where == "A" else repo_b
             if session == "git-change":
                 (repo_a / "NOTES.md").write_text("todo: check the totals\n")
+                for p in (repo_a / "NOTES.md", repo_a):
+                    os.utime(p, (FIXED_MTIME, FIXED_MTIME))
             for t in range(1, n_turns + 1):
                 command = COMMANDS[(t - 1) % len(COMMANDS)] if session == "main" else "cat src/mod_5.py"
                 label(layer, arm=arm, client=client, session=session, turn=t)
-                argv = client_argv(client, prompt_for(t, command), resume=t > 1)
+                argv = client_argv(client, prompt_for(t, command), resume=t > 1,
+                                   extra=args.client_args.split() if args.client_args else None)
                 rc, secs = run_turn(client, argv, cwd, env, clog, args.turn_timeout_s)
                 turns.append({"session": session, "turn": t, "rc": rc, "seconds": round(secs, 2)})
                 print(f"[{datetime.now(UTC):%H:%M:%S}] {client} {arm} {session} turn {t}: rc={rc} {secs:.1f}s",
@@ -396,6 +408,23 @@ def report(out: Path, clients: list[str], arms: list[str]) -> str:
     return "\n".join(lines + firsts)
 
 
+def per_request(out: Path, client: str, arms: list[str]) -> str:
+    """One row per generation request of `client`: its uncached prompt tokens (prompt - cached) in every arm, so
+    where each arm pays prefill can be read off (arms line up by order: every arm runs the same script)."""
+    by_arm = {arm: [r for r in load_capture(out / f"{client}-{arm}.jsonl") if r.get("prompt")] for arm in arms}
+    by_arm = {a: rs for a, rs in by_arm.items() if rs}
+    lines = ["| # | session | turn | kind | prompt | " + " | ".join(f"uncached {a}" for a in by_arm) + " |",
+             "|--:|---|--:|---|--:|" + "--:|" * len(by_arm)]
+    rows = zip(*by_arm.values(), strict=False)
+    for i, recs in enumerate(rows, 1):
+        r0 = recs[0]
+        lines.append(f"| {i} | {r0.get('session')} | {r0.get('turn')} | {r0.get('kind')} | {r0['prompt']:,} | "
+                     + " | ".join(f"{r['prompt'] - r['cached']:,}" for r in recs) + " |")
+    totals = [sum(r["prompt"] - r["cached"] for r in rs) for rs in by_arm.values()]
+    lines.append("| | all | | | | " + " | ".join(f"**{t:,}**" for t in totals) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -407,18 +436,27 @@ def main() -> int:
         "%Y%m%d-%H%M"))
     r.add_argument("--time-scale", type=float, default=20.0, help="sim clock speed-up")
     r.add_argument("--turn-timeout-s", type=float, default=180.0)
+    r.add_argument("--module-tokens", type=int, default=3600,
+                   help="size of each scratch module, so of each `cat` tool output (the issue's 3-4k by default)")
+    r.add_argument("--client-args", default="",
+                   help="more flags for every client invocation (e.g. --exclude-dynamic-system-prompt-sections)")
     r.add_argument("--checkout", type=Path, default=ROOT,
                    help="run the gateway from this checkout (e.g. another branch's worktree)")
     rep = sub.add_parser("report")
     rep.add_argument("out", type=Path)
     rep.add_argument("--clients", default=",".join(CLIENTS))
     rep.add_argument("--arms", default=",".join(ARMS))
+    rep.add_argument("--per-request", action="store_true", help="also each request's uncached tokens per arm")
     args = p.parse_args()
     if args.cmd == "install":
         return install()
     clients, arms = args.clients.split(","), args.arms.split(",")
     if args.cmd == "report":
         print(report(args.out, clients, arms))
+        if args.per_request:
+            for client in clients:
+                print(f"\n{client}, uncached prompt tokens per request:\n")
+                print(per_request(args.out, client, arms))
         return 0
     if install() != 0:
         return 1

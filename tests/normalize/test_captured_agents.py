@@ -87,3 +87,22 @@ def test_captured_requests_normalize_once(client: str) -> None:
         once, _ = normalize(row["body"], **kwargs)
         twice, _ = normalize(once, **kwargs)
         assert twice == once, row["seq"]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_captured_sessions_normalized_prompt_only_grows_from_request_to_request(client: str) -> None:
+    # What the live lab showed (docs/measurements/agents-lab.md, 2026-12-02 13:14): within a session nothing the
+    # gateway places moves, so each request reuses everything the one before it computed. opencode's title
+    # request is a conversation of its own.
+    memory = VolatilityMemory()
+    previous: dict[tuple[str, bool], str] = {}
+    for row in captured(client):
+        name, surface = SURFACES[row["path"]]
+        headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
+        body, _ = normalize(row["body"], surface=surface, tenant=tenant("on"), model=model(), memory=memory,
+                            opt_out=False, now=NOW, headers=headers)
+        prompt = render(name, body)
+        thread = (row["session"], row["kind"] == "other")
+        if thread in previous:
+            assert prompt.startswith(previous[thread]), (row["seq"], thread)
+        previous[thread] = prompt
