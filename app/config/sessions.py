@@ -20,6 +20,11 @@ class SessionSettings(StrictModel):
     balance: float = Field(1.0, ge=1.0, description="A new session goes only to a replica whose active sessions "
                            "stay within ceil(balance x (sessions + 1) / replicas); among those the pool's policy "
                            "picks (its prefix home, or the replica with most of its prefix).")
+    warm_floor: int = Field(2, ge=1, description="A new session may join a replica where a live session with "
+                            "its prefix is while that replica holds fewer than this many sessions, past the "
+                            "balance bound: the first sessions of a burst of one client's pair up instead of "
+                            "spreading, one session of imbalance for a cold system prompt saved (24k tokens for "
+                            "Claude Code); later sessions keep every replica within the bound. 1: the bound alone.")
     move_bound: float = Field(2.0, ge=1.0, description="A running session leaves its replica only when that "
                               "replica's in-flight requests would pass move_bound x the pool's mean (and "
                               "move_min); it then goes where the pool's policy finds most of its prefix.")

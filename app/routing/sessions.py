@@ -6,12 +6,13 @@ than its system prompt's, which every replica caches after one request. The pref
 session between replicas (issue 21: one session went up1, up0, up0, up1, up0). So, per pool:
 
 - a session's first request is placed: only replicas whose active sessions stay within
-  ceil(balance x (sessions + 1) / n) may take it; among those, the ones where a live session starting with the same
-  prefix already is (its system prompt and tools are cached there: a Claude Code prompt is 24k tokens of them),
-  and among those the pool's own policy picks (prefix affinity: the prefix's rendezvous home, so sessions of one
-  client share a replica while it has room; kv_events: the replica holding most of its prefix). Without the warm
-  preference a burst of new sessions spread every client over every replica: on 12 sessions of 3 clients over 4
-  replicas, 12 cold system prompts where 6 do (docs/measurements/agents-lab.md);
+  ceil(balance x (sessions + 1) / n) (or below `warm_floor`, where its prefix is live) may take it; among those,
+  the ones where a live session starting with the same prefix already is (its system prompt and tools are cached
+  there: a Claude Code prompt is 24k tokens of them), and among those the pool's own policy picks (prefix
+  affinity: the prefix's rendezvous home, so sessions of one client share a replica while it has room; kv_events:
+  the replica holding most of its prefix). Without the warm preference a burst of new sessions spread every
+  client over every replica: on 12 sessions of 3 clients over 4 replicas, 12 cold system prompts where 6 do; the
+  floor lets a grouped burst pair up too (8 where the bound alone paid 12; docs/measurements/agents-lab.md);
 - its next requests go to the same replica, whatever the per-request load, unless that replica left rotation or
   is really overloaded (in-flight past move_bound x the mean and move_min); then the pool's policy picks among the
   others — the replica with most of its prefix — and the session lives there from then on.
@@ -75,7 +76,10 @@ def route_session(policy: Policy, table: SessionTable, candidates: Sequence[Repl
     # The replica with the fewest sessions always passes the bound; `allowed` is empty only when sessions live on
     # replicas outside `candidates` (left rotation), and then any candidate may take it.
     allowed = allowed or list(candidates)
-    warm = [r for r in allowed if table.warm(key, r.url)]
+    # A warm replica may go past the bound up to warm_floor (a cold one never): the bound alone spread a grouped
+    # burst of one client's 4 sessions over 4 replicas, 4 cold 24k-token system prompts where 2 do.
+    warm_limit = max(limit, settings.warm_floor)
+    warm = [r for r in candidates if table.warm(key, r.url) and table.count(r.url) + 1 <= warm_limit]
     sel = policy.select(warm or allowed, key, blocks)
     table.place(session.key, sel.chosen.url, key)
     return Selection(sel.chosen, sel.runner_up, "session_new", sel.cached_tokens)

@@ -58,6 +58,24 @@ def test_mixed_new_sessions_share_the_replicas_that_hold_their_prefix_and_stay_b
         assert len(set(placed)) == 6, clients
 
 
+def test_a_grouped_burst_pairs_each_clients_first_sessions_and_still_ends_balanced() -> None:
+    for clients in ([11, 22, 33], [101, 202, 303], [7, 8, 9], [1000, 2000, 3000], [5, 50, 500]):
+        state, cfg = cluster()
+        # Four sessions of one client, then four of the next: the order a team's morning start gives.
+        placed = [(key, route(state, cfg, s, key=key).replica) for s, key in enumerate(k for k in clients
+                                                                                      for _ in range(4))]
+        assert sorted(Counter(url for _, url in placed).values()) == [3, 3, 3, 3]
+        # The first two clients on two replicas each, the last on the four slots left: eight cold system
+        # prompts; the balance bound alone paid one per session and replica (up to twelve).
+        assert len(set(placed)) == 8, clients
+
+
+def test_warm_floor_1_spreads_a_burst_by_the_balance_bound_alone() -> None:
+    state, cfg = cluster(sessions={"warm_floor": 1})
+    placed = [route(state, cfg, s, key=42).replica for s in range(4)]
+    assert sorted(Counter(placed).values()) == [1, 1, 1, 1]
+
+
 def test_without_a_session_the_prefix_home_decides_as_before() -> None:
     state, cfg = cluster()
     picks = {route(state, cfg, None, key=42).replica for _ in range(6)}
