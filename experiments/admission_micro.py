@@ -13,22 +13,23 @@ Arms (the configs of admission_overhead.py: one pool, two tenants whose requests
 
   off       pools.main.admission: {enabled: false} (no queue, no hook)
   default   no admission key: with two tenants the queue is on (enabled unset), below saturation its fast path
-  on        admission: {enabled: true}  (only with --arms off,default,on)
-  off-b     a second `off` gateway (--arms off,off-b,default): the A/A control, what the method resolves
+  on        admission: {enabled: true}
+  off-b     a second `off` gateway: the A/A control, what the method resolves (position bias included)
 
-Each round sends --requests per arm. With --concurrency 1 (the default) the arms take turns request by
-request, so whatever the machine does hits both alike; a request's CPU is this process's time.process_time
-(all its threads) around it, and a round's figure per arm is the median over its requests. With more, each
-round runs one closed-loop batch per arm at that concurrency, the arms' order alternating, and a round's
-figure is the batch's CPU over its requests. Table: median over rounds, the ratio of medians to `off`, and
-the per-round ratios (same round) as median [quartiles] with a bootstrap 95 % interval of their median.
+Each round sends --requests per arm. With --concurrency 1 (the default) the arms take turns every --block
+requests (1: request by request), so whatever the machine does hits both alike; a request's CPU is this
+process's time.process_time (all its threads) around it, and a round's figure per arm is the median over its
+requests. With more, each round runs one closed-loop batch per arm at that concurrency, the arms' order
+alternating, and a round's figure is the batch's CPU over its requests. Table: median over rounds, the ratio
+of medians to `off`, and the per-round ratios (same round) as median [quartiles] with a bootstrap 95 %
+interval of their median.
 
 Then, for context, the admission step alone on the default gateway: the FairAdmission hook's before_pick
 (home pool, queue fast path, the wait histogram) plus settle's ticket release, in µs per request, two
 tenants alternating.
 
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/admission_micro.py \
-        [--rounds 40] [--requests 400] [--concurrency 1] [--stream] [--arms off,off-b,default,on]
+        [--rounds 30] [--requests 300] [--concurrency 1] [--block 1] [--stream] [--arms off,off-b,default,on]
 """
 
 from __future__ import annotations
@@ -109,21 +110,23 @@ class Arm:
         return time.process_time() - c0, time.perf_counter() - w0, bad
 
 
-async def paired_round(arms: list[Arm], n: int, cpu: dict[str, list[float]], wall: dict[str, list[float]],
-                       errors: dict[str, int]) -> None:
-    """n requests per arm, one at a time, the arms taking turns request by request (the order of each turn
+async def paired_round(arms: list[Arm], n: int, block: int, cpu: dict[str, list[float]],
+                       wall: dict[str, list[float]], errors: dict[str, int]) -> None:
+    """n requests per arm, one at a time, the arms taking turns every `block` requests (the order of each turn
     alternating); each request's CPU is the process clock around it. Appends each arm's median of the round."""
     gc.collect()
     clock, perf = time.process_time, time.perf_counter
     got: dict[str, tuple[list[float], list[float]]] = {a.name: ([], []) for a in arms}
-    for i in range(n):
-        for arm in arms if i % 2 == 0 else arms[::-1]:
-            c0, w0 = clock(), perf()
-            status = await arm.one(i)
-            c1, w1 = clock(), perf()
-            got[arm.name][0].append(c1 - c0)
-            got[arm.name][1].append(w1 - w0)
-            errors[arm.name] += status != 200
+    for turn in range(max(n // block, 1)):
+        for arm in arms if turn % 2 == 0 else arms[::-1]:
+            cs, ws = got[arm.name]
+            for i in range(turn * block, (turn + 1) * block):
+                c0, w0 = clock(), perf()
+                status = await arm.one(i)
+                c1, w1 = clock(), perf()
+                cs.append(c1 - c0)
+                ws.append(w1 - w0)
+                errors[arm.name] += status != 200
     for name, (cs, ws) in got.items():
         cpu[name].append(statistics.median(cs) * 1e6)
         wall[name].append(statistics.median(ws) * 1e6)
@@ -204,7 +207,7 @@ async def run(args: argparse.Namespace, upstream: str) -> None:
         errors = dict.fromkeys(names, 0)
         for r in range(args.rounds):
             if args.concurrency == 1:
-                await paired_round(arms, args.requests, cpu, wall, errors)
+                await paired_round(arms, args.requests, args.block, cpu, wall, errors)
                 continue
             for arm in arms if r % 2 == 0 else arms[::-1]:
                 c, w, bad = await arm.batch(args.requests, args.concurrency)
@@ -218,7 +221,7 @@ async def run(args: argparse.Namespace, upstream: str) -> None:
     rng = random.Random(1)
     base = statistics.median(cpu["off"])
     mode = "stream, 16 chunks" if args.stream else "non-stream"
-    how = ("one at a time, arms taking turns per request, per-round median of each request's CPU"
+    how = (f"one at a time, arms taking turns every {args.block} request(s), per-round median of each request's CPU"
            if args.concurrency == 1 else f"concurrency {args.concurrency}, batch CPU / requests")
     print(f"{args.rounds} rounds x {args.requests} requests per arm, {how}; {mode}, two tenants alternating; "
           "in-process ASGI, instant upstream")
@@ -241,12 +244,15 @@ async def run(args: argparse.Namespace, upstream: str) -> None:
 def main() -> int:
     """Start the instant upstream, run the rounds, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--requests", type=int, default=400, help="requests per arm per round")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--requests", type=int, default=300, help="requests per arm per round")
     ap.add_argument("--concurrency", type=int, default=1,
                     help="1: arms take turns request by request; more: alternating batches at this concurrency")
+    ap.add_argument("--block", type=int, default=1, help="with --concurrency 1: requests per arm per turn "
+                    "(1: the arms alternate request by request; more: each arm's caches stay warm for a turn, as "
+                    "in a gateway process that serves only its own requests)")
     ap.add_argument("--stream", action="store_true", help="stream 16 chunks (default: whole answers)")
-    ap.add_argument("--arms", default="off,default")
+    ap.add_argument("--arms", default="off,off-b,default,on")
     ap.add_argument("--hook-calls", type=int, default=20000)
     ap.add_argument("--no-pin", action="store_true", help="do not pin this process to core 0, the upstream to 1")
     args = ap.parse_args()
