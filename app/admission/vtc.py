@@ -151,9 +151,8 @@ class VirtualTokenCounter(Generic[T]):
 
     def charge(self, tenant: str, tokens: float) -> None:
         """Add service to the tenant's counter (negative: a correction when a request used less than charged)."""
-        counters = self.counters
-        counters[tenant] = counters.get(tenant, self._last_left) + tokens / self._weights.get(tenant,
-                                                                                              self._default_weight)
+        weight = self._weights.get(tenant, self._default_weight)  # self.weight() inlined: on every settle
+        self.counters[tenant] = self.counters.get(tenant, self._last_left) + tokens / weight
 
     def serve_direct(self, tenant: str, cost: float) -> None:
         """Charge a request that started without waiting: as if it joined the queue and left it at once."""
