@@ -49,9 +49,12 @@ class FairAdmission(PathHook):
             queue = self.queues.get(pool)
             if queue is None:
                 return
+            tokens = predicted_tokens(ctx)
+            # queue.acquire without its coroutine: below saturation the ticket comes at once (try_admit).
+            ticket = queue.try_admit(tenant.id, rclass, tokens, watch_first_token=ctx.stream)
             try:
-                ctx.queue_ticket = ticket = await queue.acquire(tenant.id, rclass, predicted_tokens(ctx),
-                                                                watch_first_token=ctx.stream)
+                if ticket is None:
+                    ticket = await queue.wait(tenant.id, rclass, tokens, watch_first_token=ctx.stream)
             except AdmissionRejected as err:
                 degrade = queue.cfg.on_exceed == "degrade" and rclass == "interactive" and ctx.pinned is None
                 self._telemetry.record_limited(ctx, "queue", "degrade" if degrade else "reject")
@@ -61,6 +64,7 @@ class FairAdmission(PathHook):
                 ctx.route_class = classify(ctx.body, ctx.headers, tenant, self._routing, degraded=True,
                                            cap_fields=ctx.surface.output_cap_fields)
                 continue
+            ctx.queue_ticket = ticket
             self._telemetry.record_queue_wait(pool, tenant.id, rclass, ticket.waited_s)
             return
 

@@ -38,7 +38,6 @@ MIN_RETRY_AFTER_S = 0.1
 CallLater = Callable[[float, Callable[[], None]], object]  # (delay s, callback) -> handle
 
 
-
 class AdmissionQueue:
     """The admission queue of one pool (one per pool, owned by the gateway; no globals)."""
 
@@ -94,9 +93,10 @@ class AdmissionQueue:
                   watch_first_token: bool = False) -> Ticket | None:
         """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
         tenants = self._tenants  # None unless enabled is unset: then a pass-through while one tenant is served
-        if self.cfg.enabled is False:
-            return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
-        if tenants is not None and not tenants.arrived(tenant, self._clock()):
+        if tenants is None:
+            if self.cfg.enabled is False:
+                return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
+        elif not tenants.arrived(tenant, self._clock()):
             # Alone: nobody to be fair to, so no reserve, pacing, deadline or refusal. But past the engines' slots
             # its requests wait here, in arrival order, instead of in the engines' first-come first-served queue
             # (the same order for it): a tenant that comes next then finds the next free slot, not a backlog of
@@ -104,17 +104,24 @@ class AdmissionQueue:
             if self.limit is None and self.capacity is not None and self.in_flight >= self.capacity:
                 self.limit = self.capacity
             if len(self._sched) == 0 and (self.limit is None or self.in_flight < self.limit):
-                return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
+                return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
             return None
-        if self.limit is None and self.capacity is not None and self.in_flight >= self.capacity:
+        limit, capacity = self.limit, self.capacity
+        if limit is None:
+            if capacity is None or self.in_flight < capacity:
+                # Uncapped (below saturation): no shares, reserve or pacing; only the token cap can hold it here.
+                if len(self._sched) == 0 and self._room(tenant, predicted_tokens):
+                    self._sched.serve_direct(tenant, predicted_tokens)
+                    return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
+                return None
             # The engines hold no more: another request would wait in their first-come first-served queue
             # until the next scrape engaged the cap; engage it now (the scrape then re-sizes it).
-            self.limit = self.capacity
-        if self.limit is not None and self._under_share(tenant, self.limit):
+            self.limit = limit = capacity
+        if self._under_share(tenant, limit):
             self._under_arrivals.add(self._clock())  # only while capped: the fast path pays nothing
         if len(self._sched) == 0 and self._room(tenant, predicted_tokens):
             self._sched.serve_direct(tenant, predicted_tokens)
-            return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False, watch=watch_first_token)
+            return self._grant(tenant, route_class, predicted_tokens, 0.0, False, watch_first_token)
         return None
 
     async def wait(self, tenant: str, route_class: RouteClass, predicted_tokens: int,
@@ -126,7 +133,7 @@ class AdmissionQueue:
         alone = self._alone()
         if alone and len(self._sched) >= self.cfg.max_queue_len:
             # A lone tenant is never refused: past the queue's bound its request goes to the engines' queue.
-            return self._grant(tenant, route_class, predicted_tokens, 0.0, queued=False)
+            return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
         self._enqueue(w)
         if not alone:  # a lone tenant's request waits as long as it would in the engine's queue
             w.timer = loop.call_later(max(deadline, 0.0), self._expire, w)
@@ -178,11 +185,7 @@ class AdmissionQueue:
         rate = self._releases.per_s(self._clock())
         if rate is None:
             return self.cfg.deadline_s.for_class(route_class)
-        sched = self._sched
-        backlogged = list(sched.backlogged())
-        weights = sum(sched.weight(t) for t in backlogged if t != tenant) + sched.weight(tenant)
-        ahead = min(len(sched) + 1, (sched.backlog(tenant) + 1) * weights / sched.weight(tenant))
-        return max(ahead / rate, MIN_RETRY_AFTER_S)
+        return max(self._sched.ahead_of_new(tenant) / rate, MIN_RETRY_AFTER_S)
 
     # ---------------------------------------------------------------------------------------------- inside
     def _demand_reserve(self, replicas: int) -> int:
@@ -238,16 +241,16 @@ class AdmissionQueue:
         allowed = cfg.over_share_prefills_per_replica * replicas
         return max(self._paced_until, self._prefills.held_until(self._clock(), allowed))
 
-    def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, *, queued: bool,
+    def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, queued: bool,
                watch: bool = False) -> Ticket:
-        # Only while capped (saturated): the fast path below saturation pays nothing for it.
+        # Only while capped (saturated): below saturation a start is four counts and a Ticket.
         over = (self.limit is not None and not self._alone() and not self._under_share(tenant, self.limit)
                 and not self._behind(tenant))
         self.in_flight += 1
         self.in_flight_tokens += tokens
         self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
         self.served_tokens[tenant] = self.served_tokens.get(tenant, 0.0) + tokens
-        if self.limit is not None:  # only while capped: the fast path below saturation pays nothing for it
+        if self.limit is not None:
             active = set(self.tenant_in_flight).union(self._sched.backlogged())
             self._recent.add(tenant, tokens, self._clock(), active)
         ticket = Ticket(self, tenant, route_class, tokens, waited_s, queued, over)
@@ -260,7 +263,7 @@ class AdmissionQueue:
         return ticket
 
     def _first_token(self, ticket: Ticket) -> None:
-        if self._prefills.done(ticket) and len(self._sched):
+        if ticket.over_share and self._prefills.done(ticket) and len(self._sched):  # only those enter the gate
             self._pump()
 
     def _release(self, ticket: Ticket) -> None:
@@ -272,7 +275,8 @@ class AdmissionQueue:
         else:
             del self.tenant_in_flight[ticket.tenant]
         self._releases.add(self._clock())
-        self._prefills.done(ticket)
+        if ticket.over_share:  # only over-share starts enter the prefill gate (_grant)
+            self._prefills.done(ticket)
         if len(self._sched):
             self._pump()
 
@@ -325,7 +329,7 @@ class AdmissionQueue:
             self.waits.setdefault(w.tenant, WaitStats()).add(waited)
             if self._on_wait is not None:
                 self._on_wait(w.tenant, w.route_class, waited)
-            w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, queued=True, watch=w.watch))
+            w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, True, w.watch))
 
     def _arm_pace_timer(self) -> None:
         """Pump again when the pacing or the prefill gate lets the next over-share request start (one timer at

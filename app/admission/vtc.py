@@ -84,6 +84,12 @@ class VirtualTokenCounter(Generic[T]):
         """Tenants with something waiting, in the order they became backlogged."""
         return iter(self._backlogs)
 
+    def ahead_of_new(self, tenant: str) -> float:
+        """About how many waiting requests start before a new one of `tenant` (it included): its backlog and
+        the others' in proportion to their weights, at most all of them."""
+        weights = sum(self.weight(t) for t in self._backlogs if t != tenant) + self.weight(tenant)
+        return min(self._size + 1, (self.backlog(tenant) + 1) * weights / self.weight(tenant))
+
     def push(self, tenant: str, route_class: RouteClass, item: T, cost: float) -> None:
         """Queue `item`; a tenant that was not backlogged gets its counter lifted first."""
         b = self._backlogs.get(tenant)
@@ -145,14 +151,25 @@ class VirtualTokenCounter(Generic[T]):
 
     def charge(self, tenant: str, tokens: float) -> None:
         """Add service to the tenant's counter (negative: a correction when a request used less than charged)."""
-        self.counters[tenant] = self.counters.get(tenant, self._last_left) + tokens / self.weight(tenant)
+        weight = self._weights.get(tenant, self._default_weight)  # self.weight() inlined: on every settle
+        self.counters[tenant] = self.counters.get(tenant, self._last_left) + tokens / weight
 
     def serve_direct(self, tenant: str, cost: float) -> None:
         """Charge a request that started without waiting: as if it joined the queue and left it at once."""
-        self._lift(tenant)
-        self.charge(tenant, cost)
-        if tenant not in self._backlogs:
-            self._last_left = self.counters[tenant]
+        if self._backlogs:
+            self._lift(tenant)
+            self.charge(tenant, cost)
+            if tenant not in self._backlogs:
+                self._last_left = self.counters[tenant]
+            return
+        # Nobody backlogged (every request below saturation): the floor is the last counter to leave, the
+        # lift, the charge and the new floor in one step.
+        floor = self._last_left
+        counter = self.counters.get(tenant, floor)
+        if counter < floor:
+            counter = floor
+        counter += cost / self._weights.get(tenant, self._default_weight)
+        self.counters[tenant] = self._last_left = counter
 
     def forget_idle(self) -> int:
         """Drop counters that a lift would overwrite anyway (idle tenants at or below the floor); returns how many."""

@@ -1,3 +1,6 @@
+import random
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,6 +67,28 @@ def test_a_direct_start_charges_without_banking_credit() -> None:
     v.serve_direct("a", 300)
     v.serve_direct("b", 10)
     assert v.counters == {"a": 300, "b": 310}
+
+
+def test_a_direct_start_on_an_idle_queue_is_a_push_and_pop() -> None:
+    rng = random.Random(7)
+    direct: VirtualTokenCounter[str] = VirtualTokenCounter({"gold": 3.0})
+    queued: VirtualTokenCounter[str] = VirtualTokenCounter({"gold": 3.0})
+    for i in range(300):
+        tenant = rng.choice(["gold", "std", "x"])
+        if rng.random() < 0.2:  # settle's correction
+            delta = rng.randrange(-200, 50)
+            direct.charge(tenant, delta)
+            queued.charge(tenant, delta)
+        else:
+            cost = rng.randrange(1, 500)
+            direct.serve_direct(tenant, cost)
+            queued.push(tenant, "bulk", f"r{i}", cost)
+            assert queued.pop() is not None
+        assert direct.counters == pytest.approx(queued.counters)
+    # The floor a newcomer is lifted to is the same too.
+    direct.push("new", "bulk", "n", 1)
+    queued.push("new", "bulk", "n", 1)
+    assert direct.counters["new"] == pytest.approx(queued.counters["new"])
 
 
 def test_weights_divide_the_charge() -> None:
