@@ -202,6 +202,9 @@ class Telemetry:
     def record_queue_wait(self, pool: str, tenant: str, route_class: str, seconds: float) -> None:
         """An admitted request's wait in `pool`'s admission queue (0 when it started at once)."""
         try:
+            if seconds == 0.0:  # the fast path below saturation: no lock per request
+                self._inst.queue_wait.record_zero((pool, tenant, route_class))
+                return
             with self._store.lock:
                 self._inst.queue_wait.record((pool, tenant, route_class), seconds)
         except Exception:

@@ -81,3 +81,38 @@ def test_metrics_without_data_are_left_out_and_observed_values_reported() -> Non
     metrics = store.collect(1, 2)
     assert [m.name for m in metrics] == ["o"]
     assert metrics[0].data.data_points[0].value == 1.25
+
+
+def test_zeros_counted_without_the_lock_collect_exactly_as_recorded_zeros() -> None:
+    values = [0.0, 0.3, 0.0, 2.5, 0.0, 0.0, 0.01]
+    recorded, counted = MetricStore(), MetricStore()
+    hist_r, hist_c = recorded.histogram(SPEC_H), counted.histogram(SPEC_H)
+    with recorded.lock:
+        for v in values:
+            hist_r.record(("p", "interactive"), v)
+    for i, v in enumerate(values):
+        if v == 0.0:
+            hist_c.record_zero(("p", "interactive"))
+        else:
+            with counted.lock:
+                hist_c.record(("p", "interactive"), v)
+        if i == 3:  # a collection in between: what it folded is not folded again
+            counted.collect(1, 2)
+    (want,), (got,) = recorded.collect(1, 2), counted.collect(1, 2)
+    assert isinstance(want.data, Histogram) and isinstance(got.data, Histogram)
+    a, b = want.data.data_points[0], got.data.data_points[0]
+    assert (b.count, b.sum, list(b.bucket_counts), b.min, b.max) == (a.count, a.sum, list(a.bucket_counts), a.min,
+                                                                      a.max)
+    (again,) = counted.collect(1, 2)
+    assert isinstance(again.data, Histogram) and again.data.data_points[0].count == len(values)
+
+
+def test_a_series_of_zeros_alone_is_collected() -> None:
+    store = MetricStore()
+    hist = store.histogram(SPEC_H)
+    for _ in range(5):
+        hist.record_zero(("p", None))
+    (metric,) = store.collect(1, 2)
+    assert isinstance(metric.data, Histogram)
+    point = metric.data.data_points[0]
+    assert (point.count, point.sum, point.min, point.max, point.bucket_counts[0]) == (5, 0.0, 0.0, 0.0, 5)
