@@ -61,7 +61,12 @@ def tpm_tokens(prompt: int, cached: int, completion: int, cached_weight: float) 
 
 def max_output_tokens(body: dict[str, Any], fields: tuple[str, ...] = OUTPUT_CAP_FIELDS) -> int:
     """The most output tokens a request may produce (0 if it sets no cap)."""
-    cap = next((body[f] for f in fields if body.get(f)), 0)
+    cap = 0
+    for f in fields:  # a loop, not next(genexpr): this runs up to three times per request
+        value = body.get(f)
+        if value:
+            cap = value
+            break
     n = body.get("n") or 1
     if not isinstance(cap, int) or not isinstance(n, int):
         return 0
