@@ -73,7 +73,7 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any], view: Promp
         value = headers.get(name)
         if value:
             return SessionKey(_key(salt, value[:_MAX_ID]), "header")
-    sid = _metadata_session(body)
+    sid = _metadata_session(body) if "metadata" in body else None  # chat bodies rarely carry it: spare the call
     if sid is not None:
         return SessionKey(_key(salt, sid[:_MAX_ID]), "metadata")
     if not history or not any(slot.turn >= 0 for slot in view.head):
