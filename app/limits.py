@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +34,7 @@ from app.config import LimitsConfig
 from app.context import Admission, RequestContext
 from app.errors import GatewayError, store_unavailable
 from app.headers import LIMIT, RETRY_AFTER
+from app.ids import uuid4_hex
 from app.prompt import CHARS_PER_TOKEN, PromptView
 from app.spend import SpendLedger, spend_record
 from app.store.base import MICROS_PER_USD, LimitReason, LimitSpec, Release, Store, StoreUnavailable
@@ -142,7 +142,7 @@ class Limiter:
         assert tenant is not None  # the tenancy stage ran (it answers 401/503 rather than leave it unset)
         tenant_id, limits, spec = tenant.id, tenant.limits, tenant.limit_spec
         ctx.estimated_input_tokens = estimate_input_tokens(ctx.prompt)
-        admission = Admission(tenant, uuid.uuid4().hex)
+        admission = Admission(tenant, uuid4_hex())
         if spec.unlimited:
             return admission
         cap_fields = ctx.surface.output_cap_fields

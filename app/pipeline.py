@@ -8,7 +8,6 @@ named hook points of app/hooks.py (registered by app/gateway.py), never as a bra
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from app.context import RequestContext
@@ -63,7 +62,7 @@ class Path:
             assert model is not None  # the api stage already answered 404
             ctx.body, ctx.normalize_report = normalize(
                 ctx.body, surface=ctx.surface, view=ctx.prompt, tenant=tenant, model=model, memory=self.memory,
-                opt_out=headers.get(NORMALIZE_OPT_OUT, "").lower() == "off", now=datetime.now(UTC), headers=headers,
+                opt_out=headers.get(NORMALIZE_OPT_OUT, "").lower() == "off", headers=headers,
             )
             if ctx.normalize_report.applied:
                 ctx.prompt = ctx.surface.view(ctx.body)

@@ -44,6 +44,9 @@ def envelope(path: bytes, status: int, message: str, kind: str, code: str) -> by
     return error_body(message, kind, None, code)
 
 
+_base_on_header = HttpToolsProtocol.on_header
+
+
 class _HeadersTooLarge(Exception):
     """Raised in a parser callback: httptools stops and uvicorn calls send_400_response (answered 431)."""
 
@@ -82,7 +85,7 @@ class HeaderBounds(HttpToolsProtocol):
         self._head_count += 1
         if self._head_bytes > self._max_bytes or self._head_count > self._max_count:
             self._over_bounds()
-        super().on_header(name, value)
+        _base_on_header(self, name, value)  # HttpToolsProtocol's, without building a super() per header
 
     def _start_head(self) -> None:
         self._in_head = True

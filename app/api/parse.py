@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ import orjson
 from app.config import GatewayConfig
 from app.context import RequestContext
 from app.errors import GatewayError, bad_request, not_found
+from app.ids import uuid4_hex
 from app.surfaces import SURFACES, Surface
 from app.tenancy import bearer_token
 
@@ -53,7 +53,7 @@ def request_id_from(headers: Mapping[str, str]) -> str:
     rid = headers.get("x-request-id", "")
     if 0 < len(rid) <= _MAX_REQUEST_ID and rid.isprintable() and " " not in rid:
         return rid
-    return uuid.uuid4().hex
+    return uuid4_hex()
 
 
 def single_credentials(raw_headers: Sequence[tuple[bytes, bytes]], headers: Mapping[str, str] | None = None) -> None:
