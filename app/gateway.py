@@ -117,7 +117,7 @@ class Gateway:
         self.session = create_session(self.cfg.upstream)
         self.dispatcher = Dispatcher(
             self.cfg, self.cluster, AiohttpTransport(self.session), on_attempt=self.telemetry.upstream_started,
-            on_pick=self.hooks.run_after_pick,
+            on_pick=self.hooks.after_pick_runner(),
         )
         self.path = Path(self.cfg, registry=self.registry, limiter=self.limiter, memory=self.memory,
                          dispatcher=self.dispatcher, settler=self.settler, telemetry=self.telemetry,
