@@ -142,7 +142,10 @@ class Dispatcher:
             lease = Lease(replica)
             try:
                 ctx.timing.upstream_start = time.perf_counter()
-                resp = await self._send(replica, ctx.path, payload, headers, idle_s)
+                if idle_s is not None:  # a stream: its silence is bounded by idle_s (no hang watch, no extra frame)
+                    resp = await self.transport.send(replica.url, ctx.path, payload, headers, idle_s=idle_s)
+                else:
+                    resp = await self._send_whole(replica, ctx.path, payload, headers)
             except GatewayError as err:
                 tried.add(route.replica)
                 last = err
@@ -184,13 +187,11 @@ class Dispatcher:
         assert last is not None
         raise last
 
-    async def _send(
-        self, replica: ReplicaState, path: str, payload: bytes, headers: dict[str, str], idle_s: float | None
+    async def _send_whole(
+        self, replica: ReplicaState, path: str, payload: bytes, headers: dict[str, str]
     ) -> UpstreamResponse:
-        """The transport's send; a stream's silence is bounded by idle_s, a whole body's wait by the replica's
-        health (app/routing/hang.py): a hung replica's attempt ends as a timeout, and is retried."""
-        if idle_s is not None:
-            return await self.transport.send(replica.url, path, payload, headers, idle_s=idle_s)
+        """The transport's send of a whole-body request, its wait bounded by the replica's health
+        (app/routing/hang.py): a hung replica's attempt ends as a timeout, and is retried."""
         task = self._hangs.enter(replica)
         try:
             resp = await self.transport.send(replica.url, path, payload, headers)

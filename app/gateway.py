@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -116,7 +117,7 @@ class Gateway:
         self.session = create_session(self.cfg.upstream)
         self.dispatcher = Dispatcher(
             self.cfg, self.cluster, AiohttpTransport(self.session), on_attempt=self.telemetry.upstream_started,
-            on_pick=self.hooks.run_after_pick,
+            on_pick=self.hooks.after_pick_runner(),
         )
         self.path = Path(self.cfg, registry=self.registry, limiter=self.limiter, memory=self.memory,
                          dispatcher=self.dispatcher, settler=self.settler, telemetry=self.telemetry,
@@ -181,15 +182,17 @@ class Gateway:
             self.prewarmer.track(self.cluster)
 
     # -- what the api layer asks ----------------------------------------------------------------
-    async def handle(self, ctx: RequestContext) -> Reply:
-        """Run a parsed request through the path (app/pipeline.py)."""
+    # Both hand back the path's own coroutine rather than awaiting it in one of their own: every coroutine in
+    # the await chain is resumed at each suspension of the request (an upstream read, a store call).
+    def handle(self, ctx: RequestContext) -> Coroutine[Any, Any, Reply]:
+        """Run a parsed request through the path (app/pipeline.py); await the result."""
         assert self.path is not None, "Gateway.start() builds the path"
-        return await self.path.handle(ctx)
+        return self.path.handle(ctx)
 
-    async def finished(self, ctx: RequestContext, *, cancelled: bool = False) -> None:
-        """After the last byte was sent, or the client left: settle and the finished hooks."""
+    def finished(self, ctx: RequestContext, *, cancelled: bool = False) -> Coroutine[Any, Any, None]:
+        """After the last byte was sent, or the client left: settle and the finished hooks; await the result."""
         assert self.path is not None, "Gateway.start() builds the path"
-        await self.path.finished(ctx, cancelled=cancelled)
+        return self.path.finished(ctx, cancelled=cancelled)
 
     def unready_models(self) -> list[str]:
         """Models with no healthy replica in any of their pools."""

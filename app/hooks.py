@@ -75,3 +75,8 @@ class Hooks:
         """Every after_pick hook (the dispatcher calls this once per attempt)."""
         for hook in self.after_pick:
             hook(ctx)
+
+    def after_pick_runner(self) -> Callable[[RequestContext], None]:
+        """What the dispatcher calls once per attempt: the one after_pick hook itself when there is one (no loop
+        around it per attempt), else `run_after_pick`."""
+        return self.after_pick[0] if len(self.after_pick) == 1 else self.run_after_pick

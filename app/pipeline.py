@@ -8,7 +8,6 @@ named hook points of app/hooks.py (registered by app/gateway.py), never as a bra
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from app.context import RequestContext
@@ -48,48 +47,51 @@ class Path:
     async def handle(self, ctx: RequestContext) -> Reply:
         """Run a parsed request through every stage; errors come back in the surface's envelope."""
         self.telemetry.request_started(ctx)
+        # The stages run in this coroutine, not one of their own: each coroutine in the await chain is resumed
+        # at every suspension of the request (an upstream read, a store call).
         try:
-            return await self._stages(ctx)
+            # tenancy
+            headers = ctx.headers
+            ctx.tenant = tenant = await self.registry.resolve(headers.get("authorization"), headers.get(API_KEY))
+            # limits
+            ctx.admission = admission = await self.limiter.admit(ctx)
+            if admission.degraded is not None:
+                self.telemetry.record_limited(ctx, admission.degraded, "degrade")
+            # normalize
+            model = self.cfg.model(ctx.model)
+            assert model is not None  # the api stage already answered 404
+            ctx.body, ctx.normalize_report = normalize(
+                ctx.body, surface=ctx.surface, view=ctx.prompt, tenant=tenant, model=model, memory=self.memory,
+                opt_out=headers.get(NORMALIZE_OPT_OUT, "").lower() == "off", headers=headers,
+            )
+            if ctx.normalize_report.applied:
+                ctx.prompt = ctx.surface.view(ctx.body)
+            ctx.cache_salt = request_salt(tenant, ctx.body.get("cache_salt"), self.cfg.normalize.salt_secret)
+            # classify
+            ctx.route_class = classify(
+                ctx.body, headers, tenant, self.cfg.routing, degraded=admission.degraded is not None,
+                cap_fields=ctx.surface.output_cap_fields,
+            )
+            for hook in self.hooks.before_pick:
+                await hook(ctx, model)
+            # pick + upstream (the dispatcher runs the after_pick hooks once per attempt)
+            ctx.routing_key = routing_key(ctx.prompt.key_head, ctx.cache_salt or tenant.id)
+            outcome = await self.dispatcher.run(ctx, model, ctx.routing_key)
+            for routed in self.hooks.routed:
+                routed(ctx)
+            if isinstance(outcome, StreamRelay):
+                return self._stream_reply(ctx, outcome)
+            return await self._complete_reply(ctx, outcome)
         except GatewayError as err:
-            ctx.status = err.status
-            ctx.error_type = err.reason
-            headers = gateway_headers(ctx)
-            headers.update(err.headers)
-            headers["content-type"] = "application/json"
-            return Reply(err.status, headers, ctx.surface.error_body(err))
+            return self._error_reply(ctx, err)
 
-    async def _stages(self, ctx: RequestContext) -> Reply:
-        # tenancy
-        ctx.tenant = tenant = await self.registry.resolve(ctx.headers.get("authorization"), ctx.headers.get(API_KEY))
-        # limits
-        ctx.admission = admission = await self.limiter.admit(ctx)
-        if admission.degraded is not None:
-            self.telemetry.record_limited(ctx, admission.degraded, "degrade")
-        # normalize
-        model = self.cfg.model(ctx.model)
-        assert model is not None  # the api stage already answered 404
-        ctx.body, ctx.normalize_report = normalize(
-            ctx.body, surface=ctx.surface, view=ctx.prompt, tenant=tenant, model=model, memory=self.memory,
-            opt_out=ctx.headers.get(NORMALIZE_OPT_OUT, "").lower() == "off", now=datetime.now(UTC), headers=ctx.headers,
-        )
-        if ctx.normalize_report.applied:
-            ctx.prompt = ctx.surface.view(ctx.body)
-        ctx.cache_salt = request_salt(tenant, ctx.body.get("cache_salt"), self.cfg.normalize.salt_secret)
-        # classify
-        ctx.route_class = classify(
-            ctx.body, ctx.headers, tenant, self.cfg.routing, degraded=admission.degraded is not None,
-            cap_fields=ctx.surface.output_cap_fields,
-        )
-        for hook in self.hooks.before_pick:
-            await hook(ctx, model)
-        # pick + upstream (the dispatcher runs the after_pick hooks once per attempt)
-        ctx.routing_key = routing_key(ctx.prompt.key_head, ctx.cache_salt or tenant.id)
-        outcome = await self.dispatcher.run(ctx, model, ctx.routing_key)
-        for routed in self.hooks.routed:
-            routed(ctx)
-        if isinstance(outcome, StreamRelay):
-            return self._stream_reply(ctx, outcome)
-        return await self._complete_reply(ctx, outcome)
+    def _error_reply(self, ctx: RequestContext, err: GatewayError) -> Reply:
+        ctx.status = err.status
+        ctx.error_type = err.reason
+        headers = gateway_headers(ctx)
+        headers.update(err.headers)
+        headers["content-type"] = "application/json"
+        return Reply(err.status, headers, ctx.surface.error_body(err))
 
     # -- settle ---------------------------------------------------------------------------------
     async def finished(self, ctx: RequestContext, *, cancelled: bool = False) -> None:

@@ -122,7 +122,7 @@ class InferenceEndpoint:
             return
         listen = gateway.cfg.listen
         try:
-            single_credentials(scope["headers"])
+            single_credentials(scope["headers"], headers)
             raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes, listen.body_timeout_s)
             ctx = parse_request(scope["path"], raw, headers, gateway.cfg, request_id, surface)
         except GatewayError as err:

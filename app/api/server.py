@@ -156,6 +156,9 @@ class _GuardedBase(HeaderBounds):
         self._gateway_app = self.app
         self._via_proxy = False
         self._queued_body = False  # a pipelined request whose body was not complete when it was queued
+        # A deadline the parser callbacks asked for, armed once the read is parsed: most requests arrive whole in
+        # one read, and a timer armed and cancelled within it (two per request) would cost for nothing.
+        self._due: Phase | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection against its client address and start the header deadline."""
@@ -183,13 +186,18 @@ class _GuardedBase(HeaderBounds):
         self._got_bytes = True
         super().data_received(data)
         self._bound_open_head(len(data))
+        if self._due is not None:
+            due, self._due = self._due, None
+            if not self.transport.is_closing():
+                self._arm(self.guard.header_timeout_s if due == "header" else self.guard.body_timeout_s
+                          + BODY_BACKSTOP_S, due)
 
     def on_message_begin(self) -> None:
         """A request's first byte: its headers are due (the connection's own deadline if still running)."""
         super().on_message_begin()
         self._start_head()
         if self._timer is None:
-            self._arm(self.guard.header_timeout_s, "header")
+            self._due = "header"  # armed after this read unless the headers complete within it
 
     def on_headers_complete(self) -> None:
         """Headers in time: the body is due next."""
@@ -199,13 +207,15 @@ class _GuardedBase(HeaderBounds):
             self._admit_forwarded()
         super().on_headers_complete()
         if not self.pipeline:  # a queued (pipelined) request is not read until its turn: on_response_complete
-            self._arm(self.guard.body_timeout_s + BODY_BACKSTOP_S, "body")
+            self._due = "body"  # armed after this read unless the body completes within it
         else:
+            self._due = None
             self._queued_body = True
 
     def on_message_complete(self) -> None:
         """The whole request arrived: no deadline while the app works (keep-alive idling is uvicorn's)."""
         self._disarm()
+        self._due = None
         self._queued_body = False
         super().on_message_complete()
         self._in_head = True  # the next bytes on this connection are the next request's headers

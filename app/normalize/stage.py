@@ -80,7 +80,7 @@ def normalize(
     model: ModelConfig,
     memory: VolatilityMemory,
     opt_out: bool,
-    now: datetime,
+    now: datetime | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], NormalizeReport]:
     """Rewrite a request for a stable prefix (mode "on"), or only report what would change ("observe").
@@ -90,10 +90,13 @@ def normalize(
     normalized (embeddings) return `body` itself untouched and teach nothing. Observe never modifies
     `body`; "on" returns a new dict that shares every sub-object it did not change. `view` is the
     surface's view of `body` (built here when not given); `headers` name the session (app/normalize/session).
+    `now` is the UTC time when not given (read only past the early return: most tenants normalize nothing).
     """
     mode = tenant.normalize
     if mode == "off" or opt_out or not surface.normalizable:
         return body, NormalizeReport(mode="off")
+    if now is None:
+        now = datetime.now(UTC)
     allowed = _ALL_RULES if tenant.normalize_rules is None else _ALL_RULES & tenant.normalize_rules
     if view is None:
         view = surface.view(body)

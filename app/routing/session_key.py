@@ -27,6 +27,7 @@ from app.prompt import PromptView
 
 SessionSource = Literal["prompt_cache_key", "header", "metadata", "history"]
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id", "x-session-affinity", "session_id")
+_SESSION_HEADER_SET = frozenset(SESSION_HEADERS)
 _MAX_ID = 256  # longer values are not ids: hashed all the same, but no client sends one
 
 
@@ -69,11 +70,12 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any], view: Promp
     pck = body.get("prompt_cache_key")
     if isinstance(pck, str) and pck:
         return SessionKey(_key(salt, pck[:_MAX_ID]), "prompt_cache_key")
-    for name in SESSION_HEADERS:
-        value = headers.get(name)
-        if value:
-            return SessionKey(_key(salt, value[:_MAX_ID]), "header")
-    sid = _metadata_session(body)
+    if not _SESSION_HEADER_SET.isdisjoint(headers):  # one test when the request names none (most do not)
+        for name in SESSION_HEADERS:
+            value = headers.get(name)
+            if value:
+                return SessionKey(_key(salt, value[:_MAX_ID]), "header")
+    sid = _metadata_session(body) if "metadata" in body else None  # chat bodies rarely carry it: spare the call
     if sid is not None:
         return SessionKey(_key(salt, sid[:_MAX_ID]), "metadata")
     if not history or not any(slot.turn >= 0 for slot in view.head):
