@@ -80,14 +80,12 @@ class Attribution:
     def answered(self, status: int) -> None:
         """An attempt got an answer: a 5xx before a success was its replica's failure; before a 4xx (the body is
         invalid), nobody's."""
-        suspect = self._suspect
-        if suspect is None:  # the usual case: no 5xx before (inline: this runs once per answered attempt)
+        if self._suspect is None:  # the usual case, no 5xx before: one test per answered attempt
             return
-        self._suspect = None
         if status < 400:
-            suspect[0].fail("status_5xx")
+            self.exhausted()
         else:
-            suspect[0].release()
+            self.abandon()
 
     def exhausted(self) -> None:
         """No attempt left to compare with: a pending 5xx counts against its replica."""
