@@ -18,6 +18,7 @@ from app.admission.hook import FairAdmission
 from app.admission.metrics import register_queue_metrics
 from app.admission.step import build_queues
 from app.call_estimate import CallPricing
+from app.cancel import cancel_and_wait
 from app.config import GatewayConfig
 from app.dispatch import Dispatcher
 from app.hooks import Hooks, PathHook
@@ -158,9 +159,7 @@ class Gateway:
             if service is not None:
                 await service.stop()
         for task in self._background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         with contextlib.suppress(Exception):
             await self.limiter.ledger.flush()
         if self.shared_learning is not None:

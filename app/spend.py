@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from app.cancel import raise_if_cancelled
 from app.context import RequestContext
 from app.store.base import MICROS_PER_USD, DayUsage, PoolUsage, SpendRecord, Store, StoreUnavailable
 
@@ -104,6 +105,7 @@ class SpendLedger:
                 await self.flush()
             except Exception:  # a flusher that dies silently would strand spend
                 log.exception("spend flush failed")
+            raise_if_cancelled()  # the store's client may have swallowed a stop
 
 
 def recent_days(n: int, today: date | None = None) -> list[str]:

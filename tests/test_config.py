@@ -99,6 +99,7 @@ def test_routing_load_bound_points_to_the_policy() -> None:
     assert "pools.<p>.policy.load_bound" in str(info.value)
 
 
+@pytest.mark.slow
 def test_compose_and_kubernetes_values_load_in_a_real_process_environment(tmp_path: Path) -> None:
     # What #23 hit: the container's variables are read by pydantic-settings from the process environment.
     cfg = tmp_path / "gateway.yaml"

@@ -262,6 +262,7 @@ def test_limit_spec_budget_is_integer_micro_dollars() -> None:
 
 
 # -- leases of long streams ----------------------------------------------------------------------
+@pytest.mark.slow
 async def test_a_stream_longer_than_its_lease_still_holds_its_concurrency_slot(any_store: Store) -> None:
     lease_s = 1.5  # renewed every 0.5 s; a whole lease (1.5 s) of loop lag would be needed to lose it
     acme = TenantRegistry(config(acme_limits={"concurrent": 1}), any_store, lease_s=lease_s).tenant("acme")

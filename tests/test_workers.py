@@ -28,6 +28,9 @@ from app.telemetry.workers import add_label, merge
 from tests.gateway_process import KVGATE, GatewayProcess
 from tests.servers import free_port
 
+# Real processes and seconds-long waits: the slow tier (scripts/test.sh runs it after the fast one).
+pytestmark = pytest.mark.slow
+
 KEY, RPM = "sk-workers", 10
 KEY2 = "sk-workers-streamer"
 

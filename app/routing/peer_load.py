@@ -52,6 +52,7 @@ from typing import NamedTuple
 import orjson
 from opentelemetry.metrics import Meter, Observation
 
+from app.cancel import raise_if_cancelled
 from app.config import GatewayConfig
 from app.config.peer_load import PeerLoadSettings
 from app.routing.state import ClusterState
@@ -256,6 +257,7 @@ class PeerLoad:
                 log.exception("peer load: round failed")
                 self.exchanges["failed"] += 1
                 self.stale()
+            raise_if_cancelled()  # the store's client may have swallowed a stop
 
     def register_metrics(self, meter: Meter) -> None:
         """Processes in the last snapshot, whether a shared one decides, exchanges by outcome, the clock offset."""

@@ -24,6 +24,9 @@ from app.store.redis_store import RedisStore
 from tests.conftest import PUBLIC_MODEL
 from tests.servers import free_port
 
+# Real processes and seconds-long waits: the slow tier (scripts/test.sh runs it after the fast one).
+pytestmark = pytest.mark.slow
+
 DRAIN_S = 15.0
 NOTICE_S = 1.0
 # cpu-smollm2 decodes at ~70 ms a token at batch 1: 40 tokens is a stream of ~3 s, longer than the notice.

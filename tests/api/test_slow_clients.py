@@ -18,6 +18,9 @@ import pytest
 from tests.conftest import PUBLIC_MODEL, gateway_config, running_guarded_gateway
 from tests.servers import FakeUpstream, free_port, serve_in_thread
 
+# Real processes and seconds-long waits: the slow tier (scripts/test.sh runs it after the fast one).
+pytestmark = pytest.mark.slow
+
 DEADLINE_S = 1.0
 # The 200-socket stall's deadline: opening 200 sockets and 30 requests must fit inside it on a loaded 2-core
 # machine (1 s did not, once, in a full run on an idle one: 1.3 s).

@@ -21,6 +21,9 @@ import yaml
 from tests.config_env import parse_with_env
 from tests.deploy.files import ENV_EXAMPLE, ROOT, STACK_FILES, effective_compose, flag, read_env_file
 
+# Real processes and seconds-long waits: the slow tier (scripts/test.sh runs it after the fast one).
+pytestmark = pytest.mark.slow
+
 STACKS = STACK_FILES
 _LOAD = "import sys; from app.config import load_config; print(load_config(sys.argv[1]).model_dump_json())"
 

@@ -95,6 +95,7 @@ def test_prefix_reuse_gives_the_fixtures_vllm_hashes_across_salts() -> None:
     assert warm.prefix_hits > 0
 
 
+@pytest.mark.slow
 @needs_model
 def test_interleaved_conversations_reuse_prefixes_and_hash_as_a_cold_encode() -> None:
     warm = RequestBlocks(SMOLLM2, block_size=16)

@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any, Literal
 
+import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
@@ -148,6 +149,7 @@ def test_observe_never_changes_the_request(body: dict[str, Any]) -> None:
     assert out is body and body == snapshot and not report.applied
 
 
+@pytest.mark.slow
 def test_generated_requests_do_exercise_moving() -> None:
     def moves(body: dict[str, Any]) -> bool:
         return run(body, memory=warmed(body, "system"))[1].moved_total >= 2

@@ -77,6 +77,7 @@ async def fresh_b(store: Store, *, share: bool = True) -> VolatilityMemory:
     return b
 
 
+@pytest.mark.slow
 def test_candidate_keys_are_the_same_in_every_process() -> None:
     text = head(0) + STATIC_SYSTEM
     key = fingerprint_key(SECRET.encode(), "acme")

@@ -21,6 +21,9 @@ from tests.prewarm.test_warmer import Engine
 from tests.routing.test_discovery import Records, _port_free_on_both, _wait, discovering_config, serve
 from tests.servers import free_port
 
+# Real processes and seconds-long waits: the slow tier (scripts/test.sh runs it after the fast one).
+pytestmark = pytest.mark.slow
+
 PREFIXES = 12
 
 

@@ -9,6 +9,8 @@ import tracemalloc
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from app.context import Usage
 from app.limits import Limiter
 from app.store.base import SPEND_DEDUPE_S, SPEND_KEEP_S, LimitSpec, Release, SpendRecord
@@ -67,6 +69,7 @@ async def test_an_id_is_remembered_for_exactly_the_dedupe_window_and_a_duplicate
     assert await spent(store) == 200
 
 
+@pytest.mark.slow
 async def test_spend_ids_stay_within_rate_times_window_and_upkeep_work_per_record_does_not_grow() -> None:
     clock = Clock()
     store = MemoryStore(clock, max_spend_ids=10**6)  # above the window: ids go by expiry alone
@@ -90,6 +93,7 @@ async def test_spend_ids_stay_within_rate_times_window_and_upkeep_work_per_recor
     assert min(steady) >= batch - rate
 
 
+@pytest.mark.slow
 async def test_past_the_cap_the_oldest_ids_go_first_and_recent_duplicates_still_count_once() -> None:
     clock = Clock()  # frozen: nothing expires, only the cap bounds the ids
     cap = 50_000
@@ -105,6 +109,7 @@ async def test_past_the_cap_the_oldest_ids_go_first_and_recent_duplicates_still_
     assert await spent(store) == 300_001
 
 
+@pytest.mark.slow
 def test_the_default_cap_holds_the_full_window_at_200_requests_per_second_in_at_most_16_mib() -> None:
     assert MAX_SPEND_IDS >= 200 * SPEND_DEDUPE_S
     ids = RecentIds(SPEND_DEDUPE_S * US, MAX_SPEND_IDS)
@@ -197,6 +202,7 @@ async def test_spend_rows_expire_a_keep_period_after_their_last_write() -> None:
 
 
 # -- the gateway's admit/settle path ----------------------------------------------------------------
+@pytest.mark.slow
 async def test_gateway_settles_keep_every_memory_store_structure_bounded() -> None:
     clock = Clock()
     store = MemoryStore(clock, max_spend_ids=20_000)
