@@ -10,6 +10,11 @@ admissions span longer than 1.2 s (a loaded machine) may rightly pass one more p
 `passed == fit` and `fit <= passed <= fit + refill(span)`. `--runs` runs of `--bursts` bursts per limit
 (default 5 of 5).
 
+`--sender raw` (the default) opens the burst's 100 connections first and then writes the 100 requests in one pass
+of the loop, so the burst arrives at once and only the gateways' own work spreads its admissions; `--sender
+httpx` is session 8's sender (httpx opened a connection per request inside the burst and spent this process's
+CPU on each: on a loaded machine one burst's admissions spanned 1.6 s, longer than rpm 50's 1.2 s refill).
+
 `--code DIR` runs the gateways from another checkout (e.g. `git archive <commit> | tar -x -C DIR`), for the
 before/after table:
 
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +65,10 @@ def tenants(runs: int, bursts: int) -> list[dict[str, Any]]:
 
 
 async def burst(clients: list[httpx.AsyncClient], key: str) -> tuple[collections.Counter[str], float]:
-    """100 streamed requests at once; each admitted one holds its slot (its stream open) until every one of the
-    100 has its status, so none settles while the burst is admitted, however slowly the machine sends it."""
+    """100 streamed requests at once through httpx (session 8's sender); each admitted one holds its slot (its
+    stream open) until every one of the 100 has its status, so none settles while the burst is admitted, however
+    slowly the machine sends it. httpx opens a connection per request (the last burst's were closed unread) and
+    spends ~1-2 ms of this process's CPU on each, so on a loaded machine the burst itself is spread over a second."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": CONTENT}], "max_tokens": MAX_TOKENS,
             "ignore_eos": True, "stream": True}
     answered = 0
@@ -95,6 +103,48 @@ async def burst(clients: list[httpx.AsyncClient], key: str) -> tuple[collections
     return counts, (max(admitted_at) - min(admitted_at)) if admitted_at else 0.0
 
 
+def request_bytes(key: str) -> bytes:
+    body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": CONTENT}], "max_tokens": MAX_TOKENS,
+                         "ignore_eos": True, "stream": True})
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n" % (key.encode(), len(body)) + body)
+
+
+async def raw_burst(urls: list[str], key: str) -> tuple[collections.Counter[str], float]:
+    """The same 100 requests, sent as one burst: every connection is opened first, then all 100 requests are
+    written in one pass of the loop (one write each, no await between them), so the burst reaches the gateways
+    within a few ms and what spreads it is the gateways' own work. Each answer's head is read; admitted ones are
+    held open until every one of the 100 has its status, then all are closed."""
+    conns = await asyncio.gather(*(asyncio.open_connection(*hostport(urls[i % len(urls)])) for i in range(BURST)))
+    payload = request_bytes(key)
+    for _, writer in conns:
+        writer.write(payload)
+    admitted_at: list[float] = []
+
+    async def status(reader: asyncio.StreamReader) -> str:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as err:
+            return f"error:{type(err).__name__}"
+        code = head.split(b" ", 2)[1].decode()
+        if code != "200":
+            return code
+        admitted_at.append(time.monotonic())
+        return "unenforced" if b"unenforced" in head.lower() else "passed"
+
+    try:
+        outcomes = await asyncio.gather(*(status(reader) for reader, _ in conns))
+    finally:
+        for _, writer in conns:
+            writer.close()
+    return collections.Counter(outcomes), (max(admitted_at) - min(admitted_at)) if admitted_at else 0.0
+
+
+def hostport(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
 Result = tuple[collections.Counter[str], float]
 
 
@@ -118,7 +168,11 @@ async def run_all(urls: list[str], args: argparse.Namespace) -> dict[str, list[R
         for r in range(args.runs):
             for b in range(args.bursts):
                 for kind in LIMITS:
-                    counts, span = await burst(clients, f"sk-burst-{kind}-{r}-{b}")
+                    key = f"sk-burst-{kind}-{r}-{b}"
+                    if args.sender == "raw":
+                        counts, span = await raw_burst(urls, key)
+                    else:
+                        counts, span = await burst(clients, key)
                     out[kind].append((counts, span))
                     print(f"run {r} burst {b} {kind}: {dict(counts)}, admitted over {span:.2f} s", flush=True)
                 await asyncio.sleep(args.pause_s)  # the long requests finish; the next burst starts idle
@@ -139,6 +193,8 @@ def main() -> None:
     p.add_argument("--pause-s", type=float, default=1.0, help="between bursts")
     p.add_argument("--code", type=Path, default=None, help="run the gateways from this checkout's app/")
     p.add_argument("--label", default="this change")
+    p.add_argument("--sender", choices=["raw", "httpx"], default="raw",
+                   help="raw: connections opened first, the 100 requests written at once; httpx: session 8's sender")
     args = p.parse_args()
 
     prefix = f"kvgate-bursts:{uuid.uuid4().hex[:8]}:"
@@ -170,7 +226,7 @@ def main() -> None:
         client.close()
 
     print(f"\n## {args.label}: {BURST} concurrent requests per burst over 2 gateway processes, "
-          f"store.socket_timeout_s {args.store_timeout:g}, fail_mode {args.fail_mode}\n")
+          f"store.socket_timeout_s {args.store_timeout:g}, fail_mode {args.fail_mode}, sender {args.sender}\n")
     print("| limit | fit | bursts | passed = fit | fit <= passed <= fit + refill | passed (min-max) | admitted over "
           "(max) | unenforced | other statuses |")
     print("|---|---|---|---|---|---|---|---|---|")
