@@ -51,7 +51,8 @@ def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
 class FakeUpstream:
     """An OpenAI/vLLM-compatible upstream whose behaviour the prompt selects (`mode:<name>` in the last message).
 
-    Modes: ok (default), slow (1.5 s before answering), fail500, bad400, midstream (stream breaks after 3 chunks),
+    Modes: ok (default), slow (1.5 s before answering), fail500, bad400, text400 (a proxy's text/plain 400),
+    midstream (stream breaks after 3 chunks),
     hang (never answers), drip (a chunk every 0.2 s for 100 chunks).
     """
 
@@ -109,6 +110,8 @@ class FakeUpstream:
             return JSONResponse(
                 {"object": "error", "message": "max_tokens too large", "type": "BadRequestError", "param": None,
                  "code": 400}, status_code=400)
+        if mode == "text400":
+            return Response("400 Bad Request: header too long\n", status_code=400, media_type="text/plain")
         if mode == "slow":
             await asyncio.sleep(1.5)
         if mode == "hang":

@@ -9,7 +9,10 @@ Keys live under `key_prefix`, a tenant's keys share the hash tag `{<tenant>}` so
 them in one slot (each script touches one tenant only). Calls time out fast (`socket_timeout`, 0.25 s:
 each redis-py read and connect, and each pipelined command from send to reply) and after a failure
 the store fails fast for `cooldown_s` instead of waiting on a dead server again; either way the
-caller gets StoreUnavailable and applies the configured fail mode.
+caller gets StoreUnavailable and applies the configured fail mode. A redis-py timeout fails only its own
+call while the pipelined client exists: redis-py times a read on this process's loop, so a busy loop makes it
+late without Redis being slow (a peer-load share timed out in a 100-request burst and the cool-off served 43
+admits unenforced); the pipelined client, timed on Redis' answer, is what judges a slow server.
 """
 
 from __future__ import annotations
@@ -151,6 +154,10 @@ class RedisStore:
         try:
             # socket_timeout bounds every read and connect; no outer timer needed (it costs CPU per call).
             result = await aw
+        except (RedisTimeoutError, TimeoutError) as err:
+            if self._fast is None:
+                raise self._down(err) from err
+            raise StoreUnavailable(f"redis unavailable: {type(err).__name__}") from err
         except _DOWN_ERRORS as err:
             raise self._down(err) from err
         except RedisError as err:

@@ -83,6 +83,14 @@ async def test_unknown_tenant_and_short_prefix_are_refused(client: httpx.AsyncCl
     assert (await client.get("/admin/tenants/acme/usage?days=0", headers=ADMIN)).status_code == 400
 
 
+@pytest.mark.parametrize("days", ["%C2%B2", "%D9%A3", "%EF%BC%97", "-1", "7.0", "401", ""])
+async def test_usage_days_that_are_not_ascii_digits_in_range_are_400_not_500(
+    client: httpx.AsyncClient, days: str
+) -> None:
+    r = await client.get(f"/admin/tenants/acme/usage?days={days}", headers=ADMIN)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "days"
+
+
 async def test_usage_reports_spend_by_day_and_pool(client: httpx.AsyncClient, any_store: Store) -> None:
     day = datetime.now(UTC).date().isoformat()
     await any_store.record_spend(

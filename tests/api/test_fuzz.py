@@ -161,6 +161,7 @@ def assert_envelope(path: str, status: int, body: bytes) -> None:
         assert isinstance(doc["error"]["type"], str), body
 
 
+@pytest.mark.slow  # ~45 s on the shared 2-core machine: CI's slow group of the fast tier
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 @given(request=requests())

@@ -139,6 +139,14 @@ def test_upstream_4xx_body_passes_through_unchanged(gateway: str) -> None:
                         "param": None, "code": 400}
 
 
+def test_a_non_json_upstream_4xx_reaches_the_client_as_json_in_openais_envelope(gateway: str) -> None:
+    r = httpx.post(gateway + "/v1/chat/completions",
+                   json={"model": PUBLIC_MODEL, "messages": [{"role": "user", "content": "mode:text400"}]})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    err = r.json()["error"]
+    assert err["code"] == "upstream_error" and "header too long" in err["message"]
+
+
 def test_unreachable_upstream_before_any_probe_is_502(stack) -> None:
     cfg = gateway_config([f"http://127.0.0.1:{free_port()}"], routing={"probe_interval_s": 60})
     gw = stack(cfg)

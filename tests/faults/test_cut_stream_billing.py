@@ -56,5 +56,6 @@ async def test_an_abandoned_messages_stream_bills_its_delivered_output_like_chat
                 assert got_chat == got_msgs == DELTAS
                 chat_billed = await billed_output(http, "chatter")
                 msgs_billed = await billed_output(http, "messenger")
+    print(f"abandoned after {DELTAS} deltas: chat billed {chat_billed} output tokens, Messages {msgs_billed}")
     assert chat_billed >= DELTAS
     assert abs(msgs_billed - chat_billed) <= 0.05 * chat_billed, (msgs_billed, chat_billed)

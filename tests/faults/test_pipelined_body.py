@@ -37,6 +37,8 @@ def test_a_pipelined_request_with_a_stalled_body_is_closed() -> None:
                 writer.close()
 
         took, sent = asyncio.run(run())
+        print(f"pipelined request with a stalled body: closed {took:.1f} s after it was sent (body deadline "
+              f"{DEADLINE_S:g} s)")
         # The first request's answer; the second's (the admin API refuses it before reading the body), then the
         # close at the body deadline (before: the socket stayed open as long as the client kept it).
         assert sent.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 401 " in sent

@@ -53,9 +53,12 @@ async def test_a_client_that_never_reads_is_cut_and_its_upstream_and_slot_freed(
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(("127.0.0.1", port))
             sock.sendall(stream_request(port, 100_000))  # and never read
+            t0 = time.monotonic()
             try:
                 assert await wait_for(lambda: running_requests(sims[0]) >= 1, BOUND_S)
                 assert await wait_for(lambda: running_requests(sims[0]) == 0, BOUND_S)  # the upstream was aborted
+                print(f"never-reading client: upstream request aborted {time.monotonic() - t0:.1f} s after it was "
+                      f"sent (write_timeout_s {WRITE_TIMEOUT_S:g})")
                 async with httpx.AsyncClient(base_url=gw, timeout=30) as http:
                     metrics = (await http.get("/metrics")).text
                     assert 'gateway_connections_timed_out_total{phase="write"} 1' in metrics

@@ -165,6 +165,23 @@ async def test_a_reply_slower_than_the_socket_timeout_is_store_unavailable_then_
         await admin.aclose()
 
 
+async def test_a_cold_calls_timeout_fails_that_call_only_and_admits_go_on(own_redis: RedisServer) -> None:
+    # redis-py times its reads on the gateway's loop (late under a burst without Redis being slow): only the
+    # pipelined client, timed on Redis' answer, may put the hot path into its cool-off.
+    store = RedisStore(own_redis.url, "c:", socket_timeout_s=0.1, cooldown_s=30)
+    admin = aioredis.from_url(own_redis.url, socket_timeout=5)
+    try:
+        await store.ping()
+        await admin.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        with pytest.raises(StoreUnavailable, match="TimeoutError"):
+            await store.share_load("p1", "1", 5)
+        await admin.ping()  # the pause is over
+        assert (await store.admit("acme", LimitSpec(rpm=5), 1, "l1", MONTH, False)).admitted
+    finally:
+        await store.aclose()
+        await admin.aclose()
+
+
 async def test_an_error_reply_is_store_unavailable_and_logged_without_cooling_off(
     redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:

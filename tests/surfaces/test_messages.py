@@ -1,7 +1,9 @@
 """The Messages surface's pre-warm request: system, tools and the first user message with what vLLM renders, for
-one token; count_tokens has none."""
+one token; count_tokens has none and never streams; upstream errors in Anthropic's envelope."""
 
 from __future__ import annotations
+
+import orjson
 
 from app.surfaces import COUNT_TOKENS, MESSAGES
 
@@ -48,6 +50,19 @@ def test_a_conversation_that_starts_with_the_assistant_or_is_too_long_has_no_war
 
 def test_count_tokens_has_no_warm_request() -> None:
     assert COUNT_TOKENS.warm_request(claude_code(), 10_000) is None
+
+
+def test_count_tokens_asking_for_a_stream_is_sent_without_it_and_never_streamed() -> None:
+    body = {k: v for k, v in claude_code().items() if k != "max_tokens"}
+    parsed = COUNT_TOKENS.validate(body)
+    assert "stream" not in body and parsed.stream is False  # the engine answers JSON: a stream waited for is none
+
+
+def test_a_non_json_upstream_error_is_anthropics_envelope() -> None:
+    for surface in (MESSAGES, COUNT_TOKENS):
+        doc = orjson.loads(surface.upstream_error(400, b"<html>Bad Request</html>"))
+        assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
+        assert isinstance(doc["error"]["message"], str)
 
 
 def test_reply_usage_counts_cache_reads_into_the_prompt() -> None:
