@@ -110,10 +110,11 @@ def normalize(
         tenant_memory = memory.for_tenant(tenant.id)
         session = session_key(headers, body, view)
         _learn(texts, _ALL_LINE_RULES if allowed is _ALL_RULES else allowed - {SECTION}, tenant_memory, now)
-        _place(texts, allowed, tenant_memory.variation, session, head_ok=first is not None)
+        variation = tenant_memory.variation
+        plan = variation.plan(session)  # created on the session's first request, whatever it holds
+        _place(texts, allowed, variation, session, plan, head_ok=first is not None)
         if SECTION in allowed and first is not None and first[0] == "messages" and isinstance(first[1], int):
-            lifted = hoisted(body.get("messages"), first[1], tenant_memory.variation, session,
-                             tenant_memory.variation.plan(session))
+            lifted = hoisted(body.get("messages"), first[1], variation, session, plan)
         any_moving = any(t.moving or t.sections for t in texts)
         to_tail = any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
         blocked = any_moving and (
@@ -193,7 +194,8 @@ def _learn(texts: list[_Text], allowed: frozenset[str], memory: TenantMemory, no
             t.moving.sort(key=lambda c: c.start)
 
 
-def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, session: int, *, head_ok: bool) -> None:
+def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, session: int,
+           plan: tuple[set[int], set[int]], *, head_ok: bool) -> None:
     """Decide where each volatile line and section goes (`layout`), under the session's plan.
 
     Sections are found in every text when the tenant allows `section`; a line inside a moving section moves
@@ -201,7 +203,7 @@ def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, se
     request has no user turn, or when the session first showed it while it was not yet known to vary (the plan:
     a span moves to the head on every turn of a session or on none).
     """
-    heads, decided = variation.plan(session)  # created on the session's first request, whatever it holds
+    heads, decided = plan
     found_sections = SECTION in allowed
     per_text: list[TextSections | None] = []
     for t in texts:
