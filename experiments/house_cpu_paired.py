@@ -19,11 +19,14 @@ admission, the arms run interleaved in many short rounds and the figure is the p
   of utime+stime are too coarse for a 100 ms batch) from the batch's start to --settle-ms after its last
   answer (settle and telemetry run after the last byte), cross-checked against utime+stime over the run.
   kvgate-full's store is a redis-server of our own.
+- The rounds run in --restarts blocks, each with freshly started gateways in a fresh order, so what one process
+  draws (hash seed, memory layout, port) is averaged over blocks rather than fixed for the run (a single block
+  showed an A/A ratio of 0.98 with an interval excluding 1.00).
 - Per variant and mode: the median CPU µs per request over rounds, and the per-round ratios new/old and
   new-b/new (same round) as median [quartiles] with a bootstrap 95 % interval of the median.
 
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/house_cpu_paired.py --compare-checkout /tmp/kv-before \
-        [--checkout DIR] [--rounds 30] [--requests 150] [--concurrency 8] [--variants kvgate,kvgate-full]
+        [--checkout DIR] [--rounds 30] [--restarts 3] [--requests 150] [--concurrency 8] [--variants kvgate,kvgate-full]
         [--modes non-stream,stream-16,stream-128] [--json samples.json]
 """
 
@@ -162,11 +165,10 @@ def bootstrap_median(xs: list[float], rng: random.Random, draws: int = 4000) -> 
     return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
-async def rounds(args: argparse.Namespace, arms: dict[str, Arm]) -> dict[str, list[float]]:
-    """Warm-up, then --rounds rounds; returns {"<variant>|<arm>|<mode>": CPU µs per request, one per round}."""
+async def rounds(args: argparse.Namespace, arms: dict[str, Arm], n_rounds: int, rng: random.Random,
+                 samples: dict[str, list[float]]) -> None:
+    """Warm-up, then n_rounds rounds; appends to {"<variant>@<arm>|<mode>": CPU µs per request, one per round}."""
     modes = args.modes.split(",")
-    rng = random.Random(args.seed)
-    samples: dict[str, list[float]] = {}
     errors = 0
     for arm in arms.values():
         arm.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -177,7 +179,7 @@ async def rounds(args: argparse.Namespace, arms: dict[str, Arm]) -> dict[str, li
         for arm in arms.values():
             arm.ticks0 = tick_seconds(arm.proc.pid)
         t0 = time.monotonic()
-        for r in range(args.rounds):
+        for r in range(n_rounds):
             for mode in modes:
                 payload = body(mode)
                 order = list(arms)
@@ -196,22 +198,33 @@ async def rounds(args: argparse.Namespace, arms: dict[str, Arm]) -> dict[str, li
                         arms[key].errors += bad
                         samples.setdefault(f"{key}|{mode}", []).append(ns / 1000 / args.requests)
             if (r + 1) % 5 == 0:
-                print(f"round {r + 1}/{args.rounds}, {time.monotonic() - t0:.0f} s, load average "
+                print(f"round {r + 1}/{n_rounds}, {time.monotonic() - t0:.0f} s, load average "
                       f"{os.getloadavg()[0]:.2f}, non-200 {errors}", flush=True)
     finally:
         for arm in arms.values():
             if arm.session is not None:
                 await arm.session.close()
-    # A few non-200 answers (a store timeout on a starved machine) cost less than a served request; more than
-    # 1 % of an arm's requests would make the figures incomparable.
-    worst = max(a.errors for a in arms.values())
-    if worst > 0.01 * args.rounds * args.requests * len(modes):
-        raise SystemExit("non-200 answers, the figures would not be comparable: "
-                         + ", ".join(f"{a.name} {a.errors}" for a in arms.values()))
-    return samples
+    for arm in arms.values():
+        arm.ticks0 = tick_seconds(arm.proc.pid) - arm.ticks0  # from here on: utime+stime over the rounds
 
 
-def report(args: argparse.Namespace, arms: dict[str, Arm], samples: dict[str, list[float]]) -> str:
+class Totals:
+    """Per arm over every block: its run time in the rounds against utime+stime, non-200s, resent requests."""
+
+    def __init__(self) -> None:
+        self.ticks: dict[str, float] = {}
+        self.errors: dict[str, int] = {}
+        self.resent: dict[str, int] = {}
+
+    def add(self, arms: dict[str, Arm]) -> None:
+        """Add a finished block's arms."""
+        for name, arm in arms.items():
+            self.ticks[name] = self.ticks.get(name, 0.0) + arm.ticks0
+            self.errors[name] = self.errors.get(name, 0) + arm.errors
+            self.resent[name] = self.resent.get(name, 0) + arm.resent
+
+
+def report(args: argparse.Namespace, totals: Totals, samples: dict[str, list[float]]) -> str:
     """The markdown table: per variant and mode, median µs/req per arm and the paired ratios with their CIs."""
     rng = random.Random(1)
     modes = args.modes.split(",")
@@ -232,15 +245,14 @@ def report(args: argparse.Namespace, arms: dict[str, Arm], samples: dict[str, li
                          + " | ".join(cells) + " |")
     # Cross-check: the ns run time summed over the rounds against utime+stime (ticks) over the same span.
     checks = []
-    for key, arm in arms.items():
-        ticks = tick_seconds(arm.proc.pid) - arm.ticks0
+    for key, ticks in totals.ticks.items():
         ns = sum(sum(samples[f"{key}|{m}"]) * args.requests / 1e6 for m in modes)
         checks.append(f"{key} {ns:.2f}/{ticks:.2f}")
     lines.append("")
-    lines.append("run time in rounds / utime+stime since warm-up (s): " + ", ".join(checks))
-    lines.append("non-200 answers: " + ", ".join(f"{a.name} {a.errors}" for a in arms.values()))
+    lines.append("run time in batches / utime+stime over the rounds (s): " + ", ".join(checks))
+    lines.append("non-200 answers: " + ", ".join(f"{k} {n}" for k, n in totals.errors.items()))
     lines.append("requests sent again after a closed idle connection: "
-                 + ", ".join(f"{a.name} {a.resent}" for a in arms.values()))
+                 + ", ".join(f"{k} {n}" for k, n in totals.resent.items()))
     return "\n".join(lines)
 
 
@@ -268,6 +280,7 @@ def main() -> int:
                     help="together: a variant's three arms loaded at once in each round and mode; alternate: "
                     "one arm after another, in random order")
     ap.add_argument("--settle-ms", type=float, default=30.0, help="wait after a batch before reading its CPU")
+    ap.add_argument("--restarts", type=int, default=3, help="blocks of rounds, each with freshly started gateways")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arms' order in each round")
     ap.add_argument("--json", type=Path, help="write every per-round sample here")
     args = ap.parse_args()
@@ -286,14 +299,33 @@ def main() -> int:
     upstream.start(any_status=True)
     arms: dict[str, Arm] = {}
     started = dt.datetime.now(dt.UTC)
+    load0 = os.getloadavg()[0]
+    rng = random.Random(args.seed)
+    samples: dict[str, list[float]] = {}
+    totals = Totals()
     try:
-        for variant, arm in itertools.product(args.variants.split(","), ARMS):
-            checkout = args.compare_checkout if arm == "old" else args.checkout
-            name = f"{variant}@{arm}"
-            arms[name] = Arm(name, start_gateway(name, checkout, variant, upstream.url, tmp))
-        load0 = os.getloadavg()[0]
-        samples = asyncio.run(rounds(args, arms))
-        text = report(args, arms, samples)
+        for block in range(args.restarts):
+            # Fresh processes per block, started in a fresh order: what one process draws (hash seed, memory
+            # layout, port) is averaged over blocks instead of fixed for the run. The A/A control shows it.
+            names = [f"{v}@{a}" for v, a in itertools.product(args.variants.split(","), ARMS)]
+            rng.shuffle(names)
+            for name in names:
+                variant, arm = name.split("@")
+                checkout = args.compare_checkout if arm == "old" else args.checkout
+                arms[name] = Arm(name, start_gateway(f"{name}.{block}", checkout, variant, upstream.url, tmp))
+            n_rounds = args.rounds // args.restarts + (block < args.rounds % args.restarts)
+            print(f"block {block + 1}/{args.restarts}: {n_rounds} rounds", flush=True)
+            asyncio.run(rounds(args, arms, n_rounds, rng, samples))
+            totals.add(arms)
+            for a in arms.values():
+                a.proc.stop()
+            arms = {}
+        worst = max(totals.errors.values())
+        # A few non-200 answers (a store timeout on a starved machine) cost less than a served request; more
+        # than 1 % of an arm's requests would make the figures incomparable.
+        if worst > 0.01 * args.rounds * args.requests * len(args.modes.split(",")):
+            raise SystemExit(f"non-200 answers, the figures would not be comparable: {totals.errors}")
+        text = report(args, totals, samples)
     finally:
         for a in arms.values():
             a.proc.stop()
@@ -303,7 +335,8 @@ def main() -> int:
     print(f"\nnew = {args.checkout.resolve()} ({git_head(args.checkout)}), old = {args.compare_checkout.resolve()} "
           f"({git_head(args.compare_checkout)}); {started:%H:%M}-{ended:%H:%M} UTC, load average "
           f"{load0:.2f} -> {os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.requests} requests per arm and "
-          f"mode, concurrency {args.concurrency}, schedule {args.schedule}, settle {args.settle_ms:g} ms\n")
+          f"mode in {args.restarts} blocks of fresh gateways, concurrency {args.concurrency}, schedule "
+          f"{args.schedule}, settle {args.settle_ms:g} ms\n")
     print(text)
     if args.json:
         args.json.write_text(json.dumps(samples, indent=1))
