@@ -116,9 +116,10 @@ def normalize(
         if SECTION in allowed and first is not None and first[0] == "messages" and isinstance(first[1], int):
             lifted = hoisted(body.get("messages"), first[1], variation, session, plan)
         any_moving = any(t.moving or t.sections for t in texts)
-        to_tail = any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
+        # Whether anything goes to the tail is asked only when something moves (most requests: nothing does).
         blocked = any_moving and (
-            (to_tail and not (model.tail_placement == "system" or view.restatable))
+            (any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
+             and not (model.tail_placement == "system" or view.restatable))
             or _refers_by_position(texts, view.tail_refs)
         )
         if blocked:
@@ -128,7 +129,7 @@ def normalize(
         else:
             if lifted:
                 moved[SECTION] = moved.get(SECTION, 0) + len(lifted)
-            for t in texts:
+            for t in texts if any_moving else ():
                 for c, p in zip(t.moving, t.places, strict=True):
                     to_head += p == "head"
                     for rule in c.rules:
