@@ -47,6 +47,7 @@ class Complete:
 
 
 AttemptHook = Callable[[RequestContext, dict[str, str]], None]
+_NONE_TRIED: frozenset[str] = frozenset()  # a first attempt excludes nothing: no new set per request
 
 
 class Dispatcher:
@@ -116,7 +117,8 @@ class Dispatcher:
             try:
                 route = self._pinned(ctx) if ctx.pinned is not None else pick(
                     model=model, decision=ctx.route_class, key=key, cluster=self.cluster,
-                    cfg=self.cfg.routing, exclude=frozenset(tried), body=ctx.body, blocks=ctx.blocks,
+                    cfg=self.cfg.routing, exclude=frozenset(tried) if tried else _NONE_TRIED, body=ctx.body,
+                    blocks=ctx.blocks,
                     session=session,
                     tenant=ctx.tenant_id, prompt_tokens=ctx.estimated_input_tokens,
                 )
@@ -138,7 +140,8 @@ class Dispatcher:
             self._on_attempt(ctx, headers)
             ctx.upstream_called = True
             assert route.target is not None, "pick always names the replica state"
-            replica = cast(ReplicaState, route.target)  # pick and _pinned set a ReplicaState
+            # pick and _pinned set a ReplicaState (annotated, not cast(): that is a call on every attempt)
+            replica: ReplicaState = route.target  # type: ignore[assignment]
             lease = Lease(replica)
             try:
                 ctx.timing.upstream_start = time.perf_counter()

@@ -23,4 +23,7 @@ def session_key(headers: Mapping[str, str] | None, body: Mapping[str, Any], view
     if named is not None:
         return named.key
     first = view.first_user
-    return hash(("u", tuple(s.text for s in view.head if first is not None and s.path[: len(first)] == first)))
+    if first is None:
+        return hash(("u", ()))
+    n = len(first)
+    return hash(("u", tuple([s.text for s in view.head if s.path[:n] == first])))  # a list: no generator frame

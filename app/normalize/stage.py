@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from app.surfaces.base import Surface
 
 _ALL_RULES = frozenset(RULES)
+_ALL_LINE_RULES = _ALL_RULES - {SECTION}  # what `_learn` scans for when the tenant allows every rule (most do)
 
 
 class _Text:
@@ -108,15 +109,17 @@ def normalize(
     if allowed and texts:
         tenant_memory = memory.for_tenant(tenant.id)
         session = session_key(headers, body, view)
-        _learn(texts, allowed - {SECTION}, tenant_memory, now)
-        _place(texts, allowed, tenant_memory.variation, session, head_ok=first is not None)
+        _learn(texts, _ALL_LINE_RULES if allowed is _ALL_RULES else allowed - {SECTION}, tenant_memory, now)
+        variation = tenant_memory.variation
+        plan = variation.plan(session)  # created on the session's first request, whatever it holds
+        _place(texts, allowed, variation, session, plan, head_ok=first is not None)
         if SECTION in allowed and first is not None and first[0] == "messages" and isinstance(first[1], int):
-            lifted = hoisted(body.get("messages"), first[1], tenant_memory.variation, session,
-                             tenant_memory.variation.plan(session))
+            lifted = hoisted(body.get("messages"), first[1], variation, session, plan)
         any_moving = any(t.moving or t.sections for t in texts)
-        to_tail = any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
+        # Whether anything goes to the tail is asked only when something moves (most requests: nothing does).
         blocked = any_moving and (
-            (to_tail and not (model.tail_placement == "system" or view.restatable))
+            (any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
+             and not (model.tail_placement == "system" or view.restatable))
             or _refers_by_position(texts, view.tail_refs)
         )
         if blocked:
@@ -126,7 +129,7 @@ def normalize(
         else:
             if lifted:
                 moved[SECTION] = moved.get(SECTION, 0) + len(lifted)
-            for t in texts:
+            for t in texts if any_moving else ():
                 for c, p in zip(t.moving, t.places, strict=True):
                     to_head += p == "head"
                     for rule in c.rules:
@@ -192,7 +195,8 @@ def _learn(texts: list[_Text], allowed: frozenset[str], memory: TenantMemory, no
             t.moving.sort(key=lambda c: c.start)
 
 
-def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, session: int, *, head_ok: bool) -> None:
+def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, session: int,
+           plan: tuple[set[int], set[int]], *, head_ok: bool) -> None:
     """Decide where each volatile line and section goes (`layout`), under the session's plan.
 
     Sections are found in every text when the tenant allows `section`; a line inside a moving section moves
@@ -200,11 +204,16 @@ def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, se
     request has no user turn, or when the session first showed it while it was not yet known to vary (the plan:
     a span moves to the head on every turn of a session or on none).
     """
-    heads, decided = variation.plan(session)
+    heads, decided = plan
     found_sections = SECTION in allowed
     per_text: list[TextSections | None] = []
     for t in texts:
         per_text.append(sections_of(t.text, (t.slot.turn, t.slot.part), variation) if found_sections else None)
+    # Most requests hold no section and no candidate line: nothing to place (only a section declares dirs).
+    if not any(f is not None and f.sections for f in per_text) and not any(
+        t.scan is not None and t.scan.candidates for t in texts
+    ):
+        return
     dirs = dir_needles([(t.text, f) for t, f in zip(texts, per_text, strict=True) if f is not None])
 
     def at_head_ok(key: int, place: Place | None) -> bool:

@@ -17,6 +17,13 @@ _CLASSES: dict[str, RouteClass] = {c: c for c in ROUTE_CLASSES}
 _SERVICE_TIERS: dict[str, RouteClass] = {"priority": "interactive", "flex": "bulk"}
 # Nothing said anything: a chat call is someone waiting more often than not.
 DEFAULT_CLASS: RouteClass = "interactive"
+# Every decision there can be, built once (frozen, so shared): one per request costs a frozen dataclass's
+# __init__, a field at a time through object.__setattr__.
+_DECISIONS: dict[tuple[RouteClass, str], ClassDecision] = {
+    (c, reason): ClassDecision(c, reason)
+    for c in ROUTE_CLASSES
+    for reason in ("degraded", "header", "service_tier", "tenant_default", "stream", "n", "max_tokens", "default")
+}
 
 
 def _int_field(body: Mapping[str, Any], *names: str) -> int | None:
@@ -43,24 +50,24 @@ def classify(
     error (400) rather than silently ignored, since the client asked for something explicit.
     """
     if degraded:
-        return ClassDecision("bulk", "degraded")
+        return _DECISIONS["bulk", "degraded"]
     raw = headers.get(CLASS_HEADER)
     if raw is not None:
         chosen = _CLASSES.get(raw.strip().lower())
         if chosen is None:
             raise bad_request(f"{CLASS_HEADER} must be 'interactive' or 'bulk'", param=CLASS_HEADER)
-        return ClassDecision(chosen, "header")
+        return _DECISIONS[chosen, "header"]
     tier = body.get("service_tier")
     if isinstance(tier, str) and tier in _SERVICE_TIERS:
-        return ClassDecision(_SERVICE_TIERS[tier], "service_tier")
+        return _DECISIONS[_SERVICE_TIERS[tier], "service_tier"]
     if tenant is not None and tenant.default_class is not None:
-        return ClassDecision(tenant.default_class, "tenant_default")
+        return _DECISIONS[tenant.default_class, "tenant_default"]
     if body.get("stream") is True:
-        return ClassDecision("interactive", "stream")
+        return _DECISIONS["interactive", "stream"]
     n = _int_field(body, "n")
     if n is not None and n > 1:
-        return ClassDecision("bulk", "n")
+        return _DECISIONS["bulk", "n"]
     max_tokens = _int_field(body, *cap_fields)  # the surface's own output-cap fields (Surface.output_cap_fields)
     if max_tokens is not None and max_tokens > cfg.bulk_max_tokens_threshold:
-        return ClassDecision("bulk", "max_tokens")
-    return ClassDecision(DEFAULT_CLASS, "default")
+        return _DECISIONS["bulk", "max_tokens"]
+    return _DECISIONS[DEFAULT_CLASS, "default"]
