@@ -57,6 +57,7 @@ from app.config import parse_config
 from app.gateway import Gateway
 from app.routing.classify import classify
 from app.surfaces import SURFACES
+from kvlab.stats import bootstrap_median, quartiles
 
 PATH = "/v1/chat/completions"
 TARGET = 1.03  # issue 22: within 3 % of admission off
@@ -178,18 +179,6 @@ async def hook_cost(arm: Arm, calls: int) -> float:
             settle_ticket(ctx)
         samples.append((time.process_time() - t0) / calls * 1e6)
     return statistics.median(samples)
-
-
-def quartiles(xs: list[float]) -> tuple[float, float, float]:
-    """Lower quartile, median, upper quartile."""
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[1], q[2]
-
-
-def bootstrap_median(xs: list[float], rng: random.Random, draws: int = 4000) -> tuple[float, float]:
-    """95 % interval of the median of xs, resampling rounds."""
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
 async def run(args: argparse.Namespace, upstream: str) -> None:

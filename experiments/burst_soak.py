@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from poisoned_pool import ATTACKER, MARKER, VICTIM, poisoned
 from procs import MODEL, gateway_config, gateway_proc, metric_sum, scrape, sim_proc
 
+from kvlab.net import never_reader
+
 CONCURRENT = 40
 STREAMER = "sk-streamer"
 AUTH = {"authorization": f"Bearer {STREAMER}"}  # the stream clients' own tenant (no limits)
@@ -65,14 +67,10 @@ async def whole_messages(http: httpx.AsyncClient, gw: str, i: int) -> int:
     return r.status_code if r.status_code != 200 or "event: message_stop" in lines else -1
 
 
-def never_reader(port: int, i: int) -> socket.socket:
+def held_stream(port: int, i: int) -> socket.socket:
+    """The third tenant's stream whose client never reads."""
     body = orjson.dumps(chat(f"hold {i}", max_tokens=100_000, stream=True, ignore_eos=True))
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-                 b"authorization: Bearer " + STREAMER.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-    return sock
+    return never_reader(port, STREAMER, body)
 
 
 async def burst(http: httpx.AsyncClient, gw: str, port: int, b: int, out: dict[str, Counter[int]],
@@ -90,7 +88,7 @@ async def burst(http: httpx.AsyncClient, gw: str, port: int, b: int, out: dict[s
     work += [status("attacker", post(*poisoned(b * 20 + i, "all"), ATTACKER)) for i in range(20)]
     work += [status("dropped", dropped_stream(http, gw, b * 15 + i)) for i in range(15)]
     work += [status("messages", whole_messages(http, gw, b * 10 + i)) for i in range(10)]
-    held.extend(never_reader(port, b * 5 + i) for i in range(5))
+    held.extend(held_stream(port, b * 5 + i) for i in range(5))
     await asyncio.gather(*work)
 
 

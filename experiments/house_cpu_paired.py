@@ -53,6 +53,7 @@ from overhead import MODES, PY, ROOT, TICKS, gateway_config
 from procs import Proc, free_port
 
 from kvlab.redis_server import RedisServer
+from kvlab.stats import bootstrap_median, quartiles
 
 KEY = "sk-bench"
 GATEWAY_CORE, LOAD_CORE = "0", "1"
@@ -151,18 +152,6 @@ class Arm:
         # it a moment on the core before reading the clock, or it would land between batches, uncounted.
         await asyncio.sleep(settle_s)
         return run_ns(pid) - t0, bad
-
-
-def quartiles(xs: list[float]) -> tuple[float, float, float]:
-    """Lower quartile, median, upper quartile."""
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[1], q[2]
-
-
-def bootstrap_median(xs: list[float], rng: random.Random, draws: int = 4000) -> tuple[float, float]:
-    """95 % interval of the median of xs, resampling rounds."""
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
 async def rounds(args: argparse.Namespace, arms: dict[str, Arm], n_rounds: int, rng: random.Random,

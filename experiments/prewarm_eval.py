@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -57,7 +56,7 @@ from app.bench.spec import RequestRecord  # noqa: E402
 from app.bench.workloads import Session, Workload, WorkloadOptions  # noqa: E402
 from experiments.procs import free_port, metric_sum, scrape, wait_http  # noqa: E402
 from kvlab.configs import gateway_config as lab_config  # noqa: E402
-from kvlab.procs import start_logged  # noqa: E402
+from kvlab.procs import start_logged, stop_all  # noqa: E402
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 SIM = [sys.executable, str(ROOT / "experiments" / "multi_gateway.py"), "--_sim"]
@@ -167,15 +166,7 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+    stop_all(procs, timeout_s=20)
 
 
 def _seen(url: str) -> list[str]:

@@ -44,3 +44,14 @@ def wait_http(
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s:\n{log_tail(log)}")
+
+
+def never_reader(port: int, api_key: str, body: bytes, path: str = "/v1/chat/completions") -> socket.socket:
+    """A client that POSTs `body` on a raw socket with a 4 KiB receive buffer and never reads the reply: what the
+    gateway's write deadline must cut. The caller keeps the socket open (and closes it)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n".encode()
+                 + b"authorization: Bearer " + api_key.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+    return sock

@@ -38,11 +38,26 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     if proc.poll() is not None:
         return
     proc.terminate()
+    _reap(proc, timeout_s)
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Wait for a process sent SIGTERM; SIGKILL it after `timeout_s` (one SIGTERM only: a second one ends
+    uvicorn's drain at once)."""
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=5)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """`stop` for several at once: every one is sent SIGTERM before any is waited for (their drains overlap)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        _reap(p, timeout_s)
 
 
 def spawn(es: ExitStack, logs: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:

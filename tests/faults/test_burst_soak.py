@@ -8,7 +8,6 @@ and /ready is 200."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import socket
 import subprocess
 import time
@@ -23,8 +22,8 @@ import pytest
 
 from app.api.app import create_app
 from app.api.server import server_config
-from kvlab.net import wait_http
-from kvlab.procs import KVGATE, start_logged
+from kvlab.net import never_reader, wait_http
+from kvlab.procs import KVGATE, start_logged, stop_all
 from tests.faults.helpers import ATTACKER, MARKER, TENANTS, VICTIM, chat, messages, poisoned, two_tenants
 from tests.faults.test_slow_readers import running_requests, wait_for
 from tests.servers import free_port, running
@@ -52,24 +51,13 @@ def sim_processes(n: int) -> Iterator[list[str]]:
             wait_http(urls[-1] + "/health", 30, procs[-1])
         yield urls
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_all(procs)
 
 
-def never_reader(port: int, i: int) -> socket.socket:
+def held_stream(port: int, i: int) -> socket.socket:
+    """The third tenant's stream whose client never reads."""
     body = orjson.dumps(chat(f"hold {i}", max_tokens=100_000, stream=True, ignore_eos=True))
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-                 b"authorization: Bearer " + STREAMER.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-    return sock
+    return never_reader(port, STREAMER, body)
 
 
 async def burst(http: httpx.AsyncClient, port: int, b: int, out: dict[str, Counter[int | str]],
@@ -108,7 +96,7 @@ async def burst(http: httpx.AsyncClient, port: int, b: int, out: dict[str, Count
     work += [status("attacker", post(*poisoned(b * 12 + i), ATTACKER)) for i in range(12)]
     work += [status("dropped", dropped(b * 8 + i)) for i in range(8)]
     work += [status("messages", whole_messages(b * 6 + i)) for i in range(6)]
-    held.extend(never_reader(port, b * 3 + i) for i in range(3))
+    held.extend(held_stream(port, b * 3 + i) for i in range(3))
     await asyncio.gather(*work)
 
 
