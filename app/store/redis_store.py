@@ -133,8 +133,9 @@ class RedisStore:
         if time.monotonic() < self._down_until:
             raise StoreUnavailable("redis marked down (cooling off)")
 
-    def _down(self, err: Exception) -> StoreUnavailable:
-        self._down_until = time.monotonic() + self._cooldown
+    def _down(self, err: Exception, *, cool: bool = True) -> StoreUnavailable:
+        if cool:  # the whole store fails fast for `cooldown_s`; else only this call failed
+            self._down_until = time.monotonic() + self._cooldown
         return StoreUnavailable(f"redis unavailable: {type(err).__name__}")
 
     @staticmethod
@@ -155,9 +156,7 @@ class RedisStore:
             # socket_timeout bounds every read and connect; no outer timer needed (it costs CPU per call).
             result = await aw
         except (RedisTimeoutError, TimeoutError) as err:
-            if self._fast is None:
-                raise self._down(err) from err
-            raise StoreUnavailable(f"redis unavailable: {type(err).__name__}") from err
+            raise self._down(err, cool=self._fast is None) from err
         except _DOWN_ERRORS as err:
             raise self._down(err) from err
         except RedisError as err:
