@@ -16,6 +16,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from app.api.parse import parse_request, request_id_from, single_credentials, too_deep
+from app.api.request_channel import channel_of
 from app.errors import GatewayError, too_large
 from app.gateway import Gateway
 from app.headers import API_KEY, REQUEST_ID
@@ -52,10 +53,15 @@ def body_timeout(seconds: float) -> GatewayError:
                         headers={"connection": "close"})
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int, deadline_s: float) -> bytes:
+async def _read_body(
+    receive: Receive, headers: dict[str, str], limit: int, deadline_s: float, arrived: bool = False
+) -> bytes:
+    """The whole body; `arrived`: the server has parsed all of it already, so the read needs no deadline."""
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
+    if arrived:
+        return await _body(receive, limit)
     try:
         async with asyncio.timeout(deadline_s):
             return await _body(receive, limit)
@@ -121,9 +127,11 @@ class InferenceEndpoint:
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         listen = gateway.cfg.listen
+        channel = channel_of(scope)
         try:
             single_credentials(scope["headers"], headers)
-            raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes, listen.body_timeout_s)
+            raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes, listen.body_timeout_s,
+                                   channel is not None and channel.body_complete)
             ctx = parse_request(scope["path"], raw, headers, gateway.cfg, request_id, surface)
         except GatewayError as err:
             if err.status == 408 and self._stats is not None:
@@ -147,16 +155,25 @@ class InferenceEndpoint:
         cancelled = False
         state = {"done": False, "disconnected": False, "started": False}
 
+        def client_left() -> None:
+            if not state["done"] and main is not None:
+                state["disconnected"] = True
+                main.cancel()
+
         async def watch_disconnect() -> None:
             while True:
                 message: Message = await receive()
                 if message["type"] == "http.disconnect":
-                    if not state["done"] and main is not None:
-                        state["disconnected"] = True
-                        main.cancel()
+                    client_left()
                     return
 
-        watcher = asyncio.create_task(watch_disconnect())
+        # The guarded server's protocol calls back when the connection drops; under any other server a task
+        # waits on receive() for the disconnect message.
+        watcher = None
+        if channel is not None:
+            channel.when_lost(client_left)
+        else:
+            watcher = asyncio.create_task(watch_disconnect())
         try:
             reply = await gateway.handle(ctx)
             if not ctx.upstream_called:  # a replica's own 4xx is relayed, not the gateway's to report
@@ -187,7 +204,10 @@ class InferenceEndpoint:
             failure = internal_error(request_id)
             await _answer_failure(send, surface, request_id, failure, started=state["started"], done=state["done"])
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif channel is not None:
+                channel.when_lost(None)
             try:
                 await gateway.finished(ctx, cancelled=cancelled)
             except Exception:

@@ -33,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.client_address import ClientAddresses
 from app.api.header_bounds import HeaderBounds, envelope, raw_response
+from app.api.request_channel import KEY, RequestChannel, channel_of
 from app.config.listen import Listen
 
 Phase = Literal["header", "body", "write"]
@@ -159,6 +160,8 @@ class _GuardedBase(HeaderBounds):
         # A deadline the parser callbacks asked for, armed once the read is parsed: most requests arrive whole in
         # one read, and a timer armed and cancelled within it (two per request) would cost for nothing.
         self._due: Phase | None = None
+        self._parsing: RequestChannel | None = None  # the channel of the request whose bytes are being parsed
+        self._running: RequestChannel | None = None  # the channel of the request whose app runs (one at a time)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection against its client address and start the header deadline."""
@@ -176,6 +179,8 @@ class _GuardedBase(HeaderBounds):
         """Give the client's slot back."""
         self._disarm()
         self._write_resumed()
+        if self._running is not None:
+            self._running.connection_lost()
         if self._peer is not None:
             self.guard.leave(self._peer)
             self._peer = None
@@ -205,6 +210,8 @@ class _GuardedBase(HeaderBounds):
         self._end_head()
         if self._via_proxy:
             self._admit_forwarded()
+        self._parsing = RequestChannel()
+        self.scope["extensions"] = {KEY: self._parsing}  # type: ignore[dict-item]
         super().on_headers_complete()
         if not self.pipeline:  # a queued (pipelined) request is not read until its turn: on_response_complete
             self._due = "body"  # armed after this read unless the body completes within it
@@ -217,8 +224,17 @@ class _GuardedBase(HeaderBounds):
         self._disarm()
         self._due = None
         self._queued_body = False
+        if self._parsing is not None:
+            self._parsing.body_complete = True
+            self._parsing = None
         super().on_message_complete()
         self._in_head = True  # the next bytes on this connection are the next request's headers
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn starts a request's app (at once, or a pipelined one when the previous response is out): its
+        channel is the one a lost connection tells."""
+        self._running = channel_of(cycle.scope)
+        super()._start_asgi_task(cycle, app)
 
     # -- forwarded-for (see the module doc) ------------------------------------------------------------
     def _admit_forwarded(self) -> None:
