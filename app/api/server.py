@@ -34,6 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app.api.client_address import ClientAddresses
 from app.api.header_bounds import HeaderBounds, envelope, raw_response
 from app.api.request_channel import KEY, RequestChannel, channel_of
+from app.api.response_head import HeadCycle
 from app.config.listen import Listen
 
 Phase = Literal["header", "body", "write"]
@@ -232,8 +233,9 @@ class _GuardedBase(HeaderBounds):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         """uvicorn starts a request's app (at once, or a pipelined one when the previous response is out): its
-        channel is the one a lost connection tells."""
+        channel is the one a lost connection tells, and its cycle writes the head (app/api/response_head.py)."""
         self._running = channel_of(cycle.scope)
+        cycle.__class__ = HeadCycle  # uvicorn builds its own cycle; this one writes the response head cheaper
         super()._start_asgi_task(cycle, app)
 
     # -- forwarded-for (see the module doc) ------------------------------------------------------------
