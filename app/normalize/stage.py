@@ -108,13 +108,20 @@ def normalize(
     lifted: list[int] = []  # system turns after the first user message that go before it (app/normalize/hoist)
     if allowed and texts:
         tenant_memory = memory.for_tenant(tenant.id)
-        session = session_key(headers, body, view)
         _learn(texts, _ALL_LINE_RULES if allowed is _ALL_RULES else allowed - {SECTION}, tenant_memory, now)
         variation = tenant_memory.variation
-        plan = variation.plan(session)  # created on the session's first request, whatever it holds
-        _place(texts, allowed, variation, session, plan, head_ok=first is not None)
-        if SECTION in allowed and first is not None and first[0] == "messages" and isinstance(first[1], int):
-            lifted = hoisted(body.get("messages"), first[1], variation, session, plan)
+        found = _found(texts, allowed, variation)
+        at = first[1] if first is not None and first[0] == "messages" else None
+        hoisting = SECTION in allowed and isinstance(at, int) and _system_follows(body.get("messages"), at)
+        # The session and its plan only when something could be placed or hoisted (most requests: nothing). A plan
+        # is empty until a span is decided for it, so one made on a later request holds what an earlier one would.
+        if found is not None or hoisting:
+            session = session_key(headers, body, view)
+            plan = variation.plan(session)
+            if found is not None:
+                _place(texts, found, variation, session, plan, head_ok=first is not None)
+            if hoisting and isinstance(at, int):
+                lifted = hoisted(body.get("messages"), at, variation, session, plan)
         any_moving = any(t.moving or t.sections for t in texts)
         # Whether anything goes to the tail is asked only when something moves (most requests: nothing does).
         blocked = any_moving and (
@@ -195,7 +202,29 @@ def _learn(texts: list[_Text], allowed: frozenset[str], memory: TenantMemory, no
             t.moving.sort(key=lambda c: c.start)
 
 
-def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, session: int,
+def _found(texts: list[_Text], allowed: frozenset[str], variation: Variation) -> list[TextSections | None] | None:
+    """Each text's sections (None per text when the tenant does not allow `section`), or None when no text holds a
+    section or a candidate line: then nothing is to be placed."""
+    per_text: list[TextSections | None] = (
+        [sections_of(t.text, (t.slot.turn, t.slot.part), variation) for t in texts] if SECTION in allowed
+        else [None] * len(texts)
+    )
+    if not any(f is not None and f.sections for f in per_text) and not any(
+        t.scan is not None and t.scan.candidates for t in texts
+    ):
+        return None
+    return per_text
+
+
+def _system_follows(messages: Any, first_user: int) -> bool:
+    """Whether a system turn comes right after the first user message (what `hoisted` looks at)."""
+    if not isinstance(messages, list) or first_user + 1 >= len(messages):
+        return False
+    after = messages[first_user + 1]
+    return isinstance(after, dict) and after.get("role") == "system"
+
+
+def _place(texts: list[_Text], per_text: list[TextSections | None], variation: Variation, session: int,
            plan: tuple[set[int], set[int]], *, head_ok: bool) -> None:
     """Decide where each volatile line and section goes (`layout`), under the session's plan.
 
@@ -205,15 +234,6 @@ def _place(texts: list[_Text], allowed: frozenset[str], variation: Variation, se
     a span moves to the head on every turn of a session or on none).
     """
     heads, decided = plan
-    found_sections = SECTION in allowed
-    per_text: list[TextSections | None] = []
-    for t in texts:
-        per_text.append(sections_of(t.text, (t.slot.turn, t.slot.part), variation) if found_sections else None)
-    # Most requests hold no section and no candidate line: nothing to place (only a section declares dirs).
-    if not any(f is not None and f.sections for f in per_text) and not any(
-        t.scan is not None and t.scan.candidates for t in texts
-    ):
-        return
     dirs = dir_needles([(t.text, f) for t, f in zip(texts, per_text, strict=True) if f is not None])
 
     def at_head_ok(key: int, place: Place | None) -> bool:
