@@ -70,6 +70,8 @@ class NormalizeReport:
         """The `x-kvgate-normalized` header value."""
         if self.mode == "off":
             return "off"
+        if not self.moved and not self.to_head and not self.tools_canonicalized and not self.date_pinned:
+            return f"{self.mode};moved=0"  # what nearly every request says: no sort, join or list for it
         rules = ",".join(f"{k}:{v}" for k, v in sorted(self.moved.items()))
         parts = [self.mode, f"moved={self.moved_total}"]
         if rules:
