@@ -144,7 +144,8 @@ def main() -> int:
             new = statistics.median(got["new"][name]) if name in got["new"] else None
             old = statistics.median(got["old"][name]) if name in got["old"] else None
             diff = f"{new - old:+.2f}" if new is not None and old is not None else ""
-            print(f"| {name} | {'' if new is None else f'{new:.2f}'} | {'' if old is None else f'{old:.2f}'} | {diff} |")
+            cells = ["" if v is None else f"{v:.2f}" for v in (new, old)]
+            print(f"| {name} | {cells[0]} | {cells[1]} | {diff} |")
     finally:
         for proc, _ in arms.values():
             proc.stop()
