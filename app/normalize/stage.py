@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 _ALL_RULES = frozenset(RULES)
 _ALL_LINE_RULES = _ALL_RULES - {SECTION}  # what `_learn` scans for when the tenant allows every rule (most do)
+# The reports of a request left as it came, shared (frozen; nothing mutates a report): most requests get one.
+_OFF = NormalizeReport(mode="off")
+_ON_UNCHANGED = NormalizeReport(mode="on")
 
 
 class _Text:
@@ -95,7 +98,7 @@ def normalize(
     """
     mode = tenant.normalize
     if mode == "off" or opt_out or not surface.normalizable:
-        return body, NormalizeReport(mode="off")
+        return body, _OFF
     if now is None:
         now = datetime.now(UTC)
     allowed = _ALL_RULES if tenant.normalize_rules is None else _ALL_RULES & tenant.normalize_rules
@@ -122,7 +125,11 @@ def normalize(
                 _place(texts, found, variation, session, plan, head_ok=first is not None)
             if hoisting and isinstance(at, int):
                 lifted = hoisted(body.get("messages"), at, variation, session, plan)
-        any_moving = any(t.moving or t.sections for t in texts)
+        any_moving = False
+        for t in texts:
+            if t.moving or t.sections:
+                any_moving = True
+                break
         # Whether anything goes to the tail is asked only when something moves (most requests: nothing does).
         blocked = any_moving and (
             (any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
@@ -158,7 +165,7 @@ def normalize(
             to_head=to_head,
         )
     if not moved and not tools_changed and date_string is None:
-        return body, NormalizeReport(mode="on")
+        return body, _ON_UNCHANGED
 
     out = _apply_moves(body, texts, surface, model, view) if moved else dict(body)
     if lifted and first is not None and isinstance(first[1], int):
@@ -209,11 +216,14 @@ def _found(texts: list[_Text], allowed: frozenset[str], variation: Variation) ->
         [sections_of(t.text, (t.slot.turn, t.slot.part), variation) for t in texts] if SECTION in allowed
         else [None] * len(texts)
     )
-    if not any(f is not None and f.sections for f in per_text) and not any(
-        t.scan is not None and t.scan.candidates for t in texts
-    ):
-        return None
-    return per_text
+    # Loops, not any() over generators: this runs for every normalized request, and most find nothing.
+    for f in per_text:
+        if f is not None and f.sections:
+            return per_text
+    for t in texts:
+        if t.scan is not None and t.scan.candidates:
+            return per_text
+    return None
 
 
 def _system_follows(messages: Any, first_user: int) -> bool:
