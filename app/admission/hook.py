@@ -49,21 +49,24 @@ class FairAdmission(PathHook):
             queue = self.queues.get(pool)
             if queue is None:
                 return
-            tokens = predicted_tokens(ctx)
-            # queue.acquire without its coroutine: below saturation the ticket comes at once (try_admit).
-            ticket = queue.try_admit(tenant.id, rclass, tokens, watch_first_token=ctx.stream)
-            try:
-                if ticket is None:
-                    ticket = await queue.wait(tenant.id, rclass, tokens, watch_first_token=ctx.stream)
-            except AdmissionRejected as err:
-                degrade = queue.cfg.on_exceed == "degrade" and rclass == "interactive" and ctx.pinned is None
-                self._telemetry.record_limited(ctx, "queue", "degrade" if degrade else "reject")
-                if not degrade:
-                    raise queue_error(err, tenant.id) from None
-                ctx.limit_notes.append("degraded:queue")
-                ctx.route_class = classify(ctx.body, ctx.headers, tenant, self._routing, degraded=True,
-                                           cap_fields=ctx.surface.output_cap_fields)
-                continue
+            # Below saturation the slot comes at once with no cost predicted (settle_ticket charges the actual).
+            ticket = queue.start_now(tenant.id, rclass)
+            if ticket is None:
+                tokens = predicted_tokens(ctx)
+                # queue.acquire without its coroutine: with room under the cap the ticket comes at once.
+                ticket = queue.try_admit(tenant.id, rclass, tokens, watch_first_token=ctx.stream)
+                try:
+                    if ticket is None:
+                        ticket = await queue.wait(tenant.id, rclass, tokens, watch_first_token=ctx.stream)
+                except AdmissionRejected as err:
+                    degrade = queue.cfg.on_exceed == "degrade" and rclass == "interactive" and ctx.pinned is None
+                    self._telemetry.record_limited(ctx, "queue", "degrade" if degrade else "reject")
+                    if not degrade:
+                        raise queue_error(err, tenant.id) from None
+                    ctx.limit_notes.append("degraded:queue")
+                    ctx.route_class = classify(ctx.body, ctx.headers, tenant, self._routing, degraded=True,
+                                               cap_fields=ctx.surface.output_cap_fields)
+                    continue
             ctx.queue_ticket = ticket
             self._telemetry.record_queue_wait(pool, tenant.id, rclass, ticket.waited_s)
             return

@@ -3,8 +3,10 @@
     async with queue.admit(tenant, route_class, predicted_tokens) as ticket:
         ...send upstream...; ticket.settle(actual_tokens)
 
-Fast path: nothing waiting and room under the cap -> the ticket is granted without suspending (no lock, no
-future). Saturated: the request waits in its tenant's FIFO and is released in virtual-token-counter order
+Fast path: nothing waiting and no cap (below saturation) -> a FastTicket at once: one comparison and the
+in-flight counts, nothing charged to the fair order (app/admission/fast.py says why that stays fair).
+Capped with room and nobody waiting, the ticket is also granted without suspending (no lock, no future).
+Saturated: the request waits in its tenant's FIFO and is released in virtual-token-counter order
 (app.admission.vtc) when a ticket of this pool is released or a scrape (`on_state_change`) raises the cap.
 A request that cannot start within its class's deadline, or finds the queue full, gets AdmissionRejected.
 A waiting task that is cancelled (the client went away) leaves the queue; nothing is charged for it.
@@ -18,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 
 from app.admission.entry import Admission, Waiter, loop_call_later
+from app.admission.fast import FastTicket
 from app.admission.limit import learn_capacity, next_limit
 from app.admission.pace import EventRate, demand_reserve, pace_gap_s
 from app.admission.prefill import PrefillGate
@@ -32,7 +36,7 @@ from app.admission.vtc import Entry, VirtualTokenCounter
 from app.config.admission import AdmissionConfig, RouteClass
 from app.queue_ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
 
-__all__ = ["AdmissionQueue", "AdmissionRejected", "Ticket", "WaitStats"]
+__all__ = ["AdmissionQueue", "AdmissionRejected", "FastTicket", "Ticket", "WaitStats"]
 
 MIN_RETRY_AFTER_S = 0.1
 CallLater = Callable[[float, Callable[[], None]], object]  # (delay s, callback) -> handle
@@ -70,6 +74,11 @@ class AdmissionQueue:
         self.waits: dict[str, WaitStats] = {}
         self.served_tokens: dict[str, float] = {}  # charged at start, corrected at settle
         self.rejected: dict[tuple[str, RejectReason], int] = {}
+        # The fast path's one test: a request starts as a FastTicket while in_flight is below this (the capacity,
+        # or no bound while it is unknown); 0 while capped, while anything waits, or with a token cap. Kept by
+        # _refresh_fast at every change of the cap, the capacity or the backlog.
+        self._open_below = 0
+        self._refresh_fast()
 
     # ------------------------------------------------------------------------------------------ entry points
     def admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, deadline_s: float | None = None,
@@ -89,20 +98,40 @@ class AdmissionQueue:
                                      watch_first_token=watch_first_token)
         return ticket
 
+    def start_now(self, tenant: str, route_class: RouteClass) -> Ticket | None:
+        """Below saturation, a FastTicket (its cost is not predicted: nothing is charged at start); else None,
+        then try_admit with the prediction."""
+        tenants = self._tenants
+        if tenants is not None:
+            tenants.last[tenant] = self._clock()  # ActiveTenants.arrived without the call: on every request
+        if self.in_flight < self._open_below:
+            self.in_flight += 1
+            tif = self.tenant_in_flight
+            tif[tenant] = tif.get(tenant, 0) + 1
+            return FastTicket(self, tenant, route_class, 0)
+        return None
+
     def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, *,
                   watch_first_token: bool = False) -> Ticket | None:
-        """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
+        """A Ticket now when nothing waits and there is room, else None (then await wait())."""
         tenants = self._tenants  # None unless enabled is unset: then a pass-through while one tenant is served
+        several = tenants is None or tenants.arrived(tenant, self._clock())
+        if self.in_flight < self._open_below:  # below saturation (the same test as start_now)
+            self.in_flight += 1
+            tif = self.tenant_in_flight
+            tif[tenant] = tif.get(tenant, 0) + 1
+            return FastTicket(self, tenant, route_class, predicted_tokens)
         if tenants is None:
             if self.cfg.enabled is False:
                 return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
-        elif not tenants.arrived(tenant, self._clock()):
+        elif not several:
             # Alone: nobody to be fair to, so no reserve, pacing, deadline or refusal. But past the engines' slots
             # its requests wait here, in arrival order, instead of in the engines' first-come first-served queue
             # (the same order for it): a tenant that comes next then finds the next free slot, not a backlog of
             # this one's requests that it cannot overtake (measured on 4 slots: 24 queued, 6 s).
             if self.limit is None and self.capacity is not None and self.in_flight >= self.capacity:
                 self.limit = self.capacity
+                self._refresh_fast()
             if len(self._sched) == 0 and (self.limit is None or self.in_flight < self.limit):
                 return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
             return None
@@ -117,6 +146,7 @@ class AdmissionQueue:
             # The engines hold no more: another request would wait in their first-come first-served queue
             # until the next scrape engaged the cap; engage it now (the scrape then re-sizes it).
             self.limit = limit = capacity
+            self._refresh_fast()
         if self._under_share(tenant, limit):
             self._under_arrivals.add(self._clock())  # only while capped: the fast path pays nothing
         if len(self._sched) == 0 and self._room(tenant, predicted_tokens):
@@ -135,6 +165,7 @@ class AdmissionQueue:
             # A lone tenant is never refused: past the queue's bound its request goes to the engines' queue.
             return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
         self._enqueue(w)
+        self._refresh_fast()
         if not alone:  # a lone tenant's request waits as long as it would in the engine's queue
             w.timer = loop.call_later(max(deadline, 0.0), self._expire, w)
         self._pump()
@@ -157,6 +188,7 @@ class AdmissionQueue:
             self._pump()
             self._sched.forget_idle()
             self._recent.forget(self._clock())
+        self._refresh_fast()
         return sat
 
     # --------------------------------------------------------------------------------------------- metrics
@@ -188,6 +220,13 @@ class AdmissionQueue:
         return max(self._sched.ahead_of_new(tenant) / rate, MIN_RETRY_AFTER_S)
 
     # ---------------------------------------------------------------------------------------------- inside
+    def _refresh_fast(self) -> None:
+        """Re-derive the fast path's bound (see __init__) after the cap, the capacity or the backlog changed."""
+        if self.limit is None and not len(self._sched) and self.cfg.max_in_flight_tokens is None:
+            self._open_below = self.capacity if self.capacity is not None else sys.maxsize
+        else:
+            self._open_below = 0
+
     def _demand_reserve(self, replicas: int) -> int:
         cfg, now, n = self.cfg, self._clock(), max(1, replicas)
         # Never more than a fraction of the cap: on a pool of 4 slots a reserve of 4 left the flood one slot.
@@ -280,6 +319,13 @@ class AdmissionQueue:
         if len(self._sched):
             self._pump()
 
+    def _release_contended(self, ticket: Ticket, tokens: int) -> None:
+        """A FastTicket released (its counts already done) while capped or with requests waiting."""
+        if len(self._sched):  # saturation began while it ran: its service counts in the fair order from now on
+            if self.cfg.enabled is not False:
+                self._sched.charge(ticket.tenant, tokens)
+            self._pump()
+
     def _correct(self, tenant: str, delta: int) -> None:
         if delta == 0:
             return
@@ -330,6 +376,7 @@ class AdmissionQueue:
             if self._on_wait is not None:
                 self._on_wait(w.tenant, w.route_class, waited)
             w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, True, w.watch))
+        self._refresh_fast()  # the backlog is empty
 
     def _arm_pace_timer(self) -> None:
         """Pump again when the pacing or the prefill gate lets the next over-share request start (one timer at
@@ -376,6 +423,7 @@ class AdmissionQueue:
     def _expire(self, w: Waiter) -> None:
         if self._sched.remove(w.tenant, w.route_class, w):
             self._fail(w, "deadline")
+            self._refresh_fast()
 
     def _fail(self, w: Waiter, reason: RejectReason) -> None:
         if w.timer is not None:
@@ -394,6 +442,7 @@ class AdmissionQueue:
         if w.timer is not None:
             w.timer.cancel()
         if self._sched.remove(w.tenant, w.route_class, w):
+            self._refresh_fast()
             return
         if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
             w.future.result().release()  # granted while the cancellation was on its way: hand the slot back

@@ -34,21 +34,22 @@ def predicted_tokens(ctx: RequestContext) -> int:
     return (prompt if prompt > 0 else 0) + max_output_tokens(ctx.body, ctx.surface.output_cap_fields)
 
 
-def actual_tokens(ctx: RequestContext) -> int | None:
-    """What it did cost (uncached prompt + output), None when unknown (the prediction then stands)."""
-    if ctx.usage.reported:
-        return ctx.usage.uncached_tokens + ctx.usage.completion_tokens
-    if not ctx.upstream_called:
-        return 0  # never reached an engine: nothing to charge
-    return None
-
-
 def settle_ticket(ctx: RequestContext) -> None:
-    """Correct the tenant's charge and free the slot; safe to call on every path (the ticket is released once)."""
+    """Free the slot with what the request did cost (uncached prompt + output; 0 if it never reached an engine;
+    unknown: the prediction stands, made now for a start below saturation, which predicted nothing). Safe to
+    call on every path (the ticket is released once). One function, no helper: it runs on every request."""
     ticket = ctx.queue_ticket
     if ticket is None:
         return
-    ticket.release(actual_tokens(ctx))
+    usage = ctx.usage
+    if usage.reported:
+        ticket.release(usage.uncached_tokens + usage.completion_tokens)
+    elif not ctx.upstream_called:
+        ticket.release(0)  # never reached an engine: nothing to charge
+    elif ticket.predicted_tokens:
+        ticket.release()
+    else:
+        ticket.release(predicted_tokens(ctx))
 
 
 def queue_error(err: AdmissionRejected, tenant_id: str) -> GatewayError:
