@@ -18,6 +18,7 @@ from app.routing.spill import cached_home_and_other
 
 if TYPE_CHECKING:
     from app.config import ModelConfig, RoutingConfig
+    from app.config.admission import RouteClass
     from app.context import RequestContext
     from app.routing.state import ClusterState, ReplicaState
     from app.telemetry import Telemetry
@@ -34,6 +35,10 @@ class FairAdmission(PathHook):
         self._cluster = cluster
         self._routing = routing
         self._telemetry = telemetry
+        # class -> model name -> the queue of its home pool (None: that pool has none), for the cluster's memo
+        # it was read from (a rediscovery rebuilds the cluster with a new memo; its pools may differ then).
+        self._homes: dict[str, dict[str, AdmissionQueue | None]] = {}
+        self._homes_of: object = None
 
     async def before_pick(self, ctx: RequestContext, model: ModelConfig) -> None:
         """Wait for a slot of the class's home pool (or the pinned one); a refused interactive request with
@@ -42,13 +47,10 @@ class FairAdmission(PathHook):
         tenant = ctx.tenant
         while True:
             rclass = ctx.route_class.route_class
-            if ctx.pinned is not None:
-                pool = ctx.pinned[0]
-            else:
-                pool = cached_home_and_other(model, rclass, self._cluster())[0].name
-            queue = self.queues.get(pool)
+            queue = self.queues.get(ctx.pinned[0]) if ctx.pinned is not None else self._home_queue(model, rclass)
             if queue is None:
                 return
+            pool = queue.pool
             # Below saturation the slot comes at once with no cost predicted (settle_ticket charges the actual).
             ticket = queue.start_now(tenant.id, rclass)
             if ticket is None:
@@ -70,6 +72,21 @@ class FairAdmission(PathHook):
             ctx.queue_ticket = ticket
             self._telemetry.record_queue_wait(pool, tenant.id, rclass, ticket.waited_s)
             return
+
+    def _home_queue(self, model: ModelConfig, rclass: RouteClass) -> AdmissionQueue | None:
+        """The queue of the class's home pool: two lookups per request (cached_home_and_other and the queue by
+        pool name were a call, a key tuple and two lookups)."""
+        cluster = self._cluster()
+        if cluster.memo is not self._homes_of:
+            self._homes_of, self._homes = cluster.memo, {}
+        by_model = self._homes.get(rclass)
+        if by_model is None:
+            by_model = self._homes[rclass] = {}
+        try:
+            return by_model[model.name]
+        except KeyError:
+            queue = by_model[model.name] = self.queues.get(cached_home_and_other(model, rclass, cluster)[0].name)
+            return queue
 
     def on_scrape(self, replica: ReplicaState) -> None:
         """After a replica's probe: its pool's queue re-assesses saturation (and may release waiters)."""
