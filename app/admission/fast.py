@@ -15,11 +15,14 @@ or to the last one's to leave), so it could not change who goes first. If reques
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.admission.pace import EventRate
-from app.config.admission import RouteClass
+from app.admission.tenants import ActiveTenants
+from app.admission.vtc import VirtualTokenCounter
+from app.config.admission import AdmissionConfig, RouteClass
 from app.queue_ticket import Ticket, TicketOwner
 
 
@@ -87,3 +90,63 @@ class FastTicket(Ticket):
         q._releases.times.append(q._clock())
         if not q._open_below:  # capped, or requests wait: the queue's own work (charge, the next start)
             q._release_contended(self, tokens)
+
+
+class FastPath:
+    """The fast path of app.admission.queue.AdmissionQueue (its base): the bound below which a start is a
+    FastTicket, and the start itself. The attributes are the queue's."""
+
+    cfg: AdmissionConfig
+    in_flight: int
+    limit: int | None
+    capacity: int | None
+    tenant_in_flight: dict[str, int]
+    served_tokens: dict[str, float]
+    _sched: VirtualTokenCounter[Any]
+    _tenants: ActiveTenants | None
+    _releases: EventRate
+    _clock: Callable[[], float]
+    # The fast path's one test: a request starts as a FastTicket while in_flight is below this (the capacity,
+    # or no bound while it is unknown); 0 while capped, while anything waits, or with a token cap (that one needs
+    # each start's prediction). _refresh_fast keeps it at every change of the cap, the capacity or the backlog.
+    _open_below: int = 0
+
+    def start_now(self, tenant: str, route_class: RouteClass) -> Ticket | None:
+        """Below saturation, a FastTicket without a prediction (nothing is charged at start); else None: then
+        try_admit with the prediction."""
+        tenants = self._tenants
+        if tenants is not None:
+            tenants.last[tenant] = self._clock()  # ActiveTenants.arrived without the call: on every request
+        if self.in_flight < self._open_below:
+            self.in_flight += 1
+            tif = self.tenant_in_flight
+            tif[tenant] = tif.get(tenant, 0) + 1
+            return FastTicket(self, tenant, route_class, 0)
+        return None
+
+    def _start_fast(self, tenant: str, route_class: RouteClass, predicted_tokens: int) -> Ticket:
+        self.in_flight += 1
+        tif = self.tenant_in_flight
+        tif[tenant] = tif.get(tenant, 0) + 1
+        return FastTicket(self, tenant, route_class, predicted_tokens)
+
+    def _refresh_fast(self) -> None:
+        """Re-derive the bound after the cap, the capacity or the backlog changed."""
+        if self.limit is None and not len(self._sched) and self.cfg.max_in_flight_tokens is None:
+            self._open_below = self.capacity if self.capacity is not None else sys.maxsize
+        else:
+            self._open_below = 0
+
+    # What a FastTicket calls back on its queue (the queue's methods).
+    pool: str
+    _first_token: Callable[[Ticket], None]
+    _release: Callable[[Ticket], None]
+    _correct: Callable[[str, int], None]
+    _pump: Callable[[], None]
+
+    def _release_contended(self, ticket: Ticket, tokens: int) -> None:
+        """A FastTicket released (its counts done) while capped or with requests waiting."""
+        if len(self._sched):  # saturation began while it ran: its service counts in the fair order from now on
+            if self.cfg.enabled is not False:
+                self._sched.charge(ticket.tenant, tokens)
+            self._pump()

@@ -7,7 +7,7 @@ of its pool's saturation through `on_scrape`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from app.admission.queue import AdmissionQueue, AdmissionRejected
@@ -40,9 +40,25 @@ class FairAdmission(PathHook):
         self._homes: dict[str, dict[str, AdmissionQueue | None]] = {}
         self._homes_of: object = None
 
-    async def before_pick(self, ctx: RequestContext, model: ModelConfig) -> None:
-        """Wait for a slot of the class's home pool (or the pinned one); a refused interactive request with
-        on_exceed degrade is re-classified bulk and queued again (its pool, its queue)."""
+    def before_pick(self, ctx: RequestContext, model: ModelConfig) -> Awaitable[None] | None:
+        """A slot of the class's home pool (or the pinned one): below saturation at once (nothing to await),
+        else what `_queued` waits for."""
+        assert ctx.route_class is not None and ctx.tenant is not None
+        rclass = ctx.route_class.route_class
+        queue = self.queues.get(ctx.pinned[0]) if ctx.pinned is not None else self._home_queue(model, rclass)
+        if queue is None:
+            return None
+        tenant = ctx.tenant.id
+        ticket = queue.start_now(tenant, rclass)
+        if ticket is None:
+            return self._queued(ctx, model)
+        ctx.queue_ticket = ticket
+        self._telemetry.record_queue_wait(queue.pool, tenant, rclass, 0.0)
+        return None
+
+    async def _queued(self, ctx: RequestContext, model: ModelConfig) -> None:
+        """Wait for a slot; a refused interactive request with on_exceed degrade is re-classified bulk and
+        queued again (its pool, its queue)."""
         assert ctx.route_class is not None and ctx.tenant is not None
         tenant = ctx.tenant
         while True:

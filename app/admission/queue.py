@@ -3,13 +3,12 @@
     async with queue.admit(tenant, route_class, predicted_tokens) as ticket:
         ...send upstream...; ticket.settle(actual_tokens)
 
-Fast path: nothing waiting and no cap (below saturation) -> a FastTicket at once: one comparison and the
-in-flight counts, nothing charged to the fair order (app/admission/fast.py says why that stays fair).
-Capped with room and nobody waiting, the ticket is also granted without suspending (no lock, no future).
-Saturated: the request waits in its tenant's FIFO and is released in virtual-token-counter order
-(app.admission.vtc) when a ticket of this pool is released or a scrape (`on_state_change`) raises the cap.
-A request that cannot start within its class's deadline, or finds the queue full, gets AdmissionRejected.
-A waiting task that is cancelled (the client went away) leaves the queue; nothing is charged for it.
+Below saturation (no cap, nothing waiting) a request starts as a FastTicket (app/admission/fast.py); capped
+with room and nobody waiting, the ticket is granted without suspending either. Saturated: the request waits in
+its tenant's FIFO, released in virtual-token-counter order (app.admission.vtc) when a ticket of this pool is
+released or a scrape (`on_state_change`) raises the cap. A request that cannot start within its class's deadline,
+or finds the queue full, gets AdmissionRejected. A waiting task that is cancelled (the client went away) leaves
+the queue; nothing is charged for it.
 
 Everything runs on one event loop, so plain attributes need no locks. Metrics are plain attributes for the
 telemetry layer to read: queue lengths per tenant, wait statistics (and an `on_wait` hook per observation),
@@ -20,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable
 
 from app.admission.entry import Admission, Waiter, loop_call_later
-from app.admission.fast import FastTicket
+from app.admission.fast import FastPath
 from app.admission.limit import learn_capacity, next_limit
 from app.admission.pace import EventRate, demand_reserve, pace_gap_s
 from app.admission.prefill import PrefillGate
@@ -36,13 +34,13 @@ from app.admission.vtc import Entry, VirtualTokenCounter
 from app.config.admission import AdmissionConfig, RouteClass
 from app.queue_ticket import AdmissionRejected, RejectReason, Ticket, WaitStats
 
-__all__ = ["AdmissionQueue", "AdmissionRejected", "FastTicket", "Ticket", "WaitStats"]
+__all__ = ["AdmissionQueue", "AdmissionRejected", "Ticket", "WaitStats"]
 
 MIN_RETRY_AFTER_S = 0.1
 CallLater = Callable[[float, Callable[[], None]], object]  # (delay s, callback) -> handle
 
 
-class AdmissionQueue:
+class AdmissionQueue(FastPath):
     """The admission queue of one pool (one per pool, owned by the gateway; no globals)."""
 
     def __init__(self, cfg: AdmissionConfig, *, pool: str = "", clock: Callable[[], float] = time.monotonic,
@@ -72,13 +70,9 @@ class AdmissionQueue:
         self.tenant_in_flight: dict[str, int] = {}  # tenants with tickets out
         self.saturation = Saturation(False, None, 0, 0, 0)
         self.waits: dict[str, WaitStats] = {}
-        self.served_tokens: dict[str, float] = {}  # charged at start, corrected at settle
+        self.served_tokens: dict[str, float] = {}  # charged at start, corrected at settle (fast: at release)
         self.rejected: dict[tuple[str, RejectReason], int] = {}
-        # The fast path's one test: a request starts as a FastTicket while in_flight is below this (the capacity,
-        # or no bound while it is unknown); 0 while capped, while anything waits, or with a token cap. Kept by
-        # _refresh_fast at every change of the cap, the capacity or the backlog.
-        self._open_below = 0
-        self._refresh_fast()
+        self._refresh_fast()  # the fast path's bound (app.admission.fast.FastPath)
 
     # ------------------------------------------------------------------------------------------ entry points
     def admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, deadline_s: float | None = None,
@@ -98,29 +92,13 @@ class AdmissionQueue:
                                      watch_first_token=watch_first_token)
         return ticket
 
-    def start_now(self, tenant: str, route_class: RouteClass) -> Ticket | None:
-        """Below saturation, a FastTicket (its cost is not predicted: nothing is charged at start); else None,
-        then try_admit with the prediction."""
-        tenants = self._tenants
-        if tenants is not None:
-            tenants.last[tenant] = self._clock()  # ActiveTenants.arrived without the call: on every request
-        if self.in_flight < self._open_below:
-            self.in_flight += 1
-            tif = self.tenant_in_flight
-            tif[tenant] = tif.get(tenant, 0) + 1
-            return FastTicket(self, tenant, route_class, 0)
-        return None
-
     def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, *,
                   watch_first_token: bool = False) -> Ticket | None:
         """A Ticket now when nothing waits and there is room, else None (then await wait())."""
         tenants = self._tenants  # None unless enabled is unset: then a pass-through while one tenant is served
         several = tenants is None or tenants.arrived(tenant, self._clock())
         if self.in_flight < self._open_below:  # below saturation (the same test as start_now)
-            self.in_flight += 1
-            tif = self.tenant_in_flight
-            tif[tenant] = tif.get(tenant, 0) + 1
-            return FastTicket(self, tenant, route_class, predicted_tokens)
+            return self._start_fast(tenant, route_class, predicted_tokens)
         if tenants is None:
             if self.cfg.enabled is False:
                 return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
@@ -220,13 +198,6 @@ class AdmissionQueue:
         return max(self._sched.ahead_of_new(tenant) / rate, MIN_RETRY_AFTER_S)
 
     # ---------------------------------------------------------------------------------------------- inside
-    def _refresh_fast(self) -> None:
-        """Re-derive the fast path's bound (see __init__) after the cap, the capacity or the backlog changed."""
-        if self.limit is None and not len(self._sched) and self.cfg.max_in_flight_tokens is None:
-            self._open_below = self.capacity if self.capacity is not None else sys.maxsize
-        else:
-            self._open_below = 0
-
     def _demand_reserve(self, replicas: int) -> int:
         cfg, now, n = self.cfg, self._clock(), max(1, replicas)
         # Never more than a fraction of the cap: on a pool of 4 slots a reserve of 4 left the flood one slot.
@@ -282,7 +253,6 @@ class AdmissionQueue:
 
     def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, queued: bool,
                watch: bool = False) -> Ticket:
-        # Only while capped (saturated): below saturation a start is four counts and a Ticket.
         over = (self.limit is not None and not self._alone() and not self._under_share(tenant, self.limit)
                 and not self._behind(tenant))
         self.in_flight += 1
@@ -319,13 +289,6 @@ class AdmissionQueue:
         if len(self._sched):
             self._pump()
 
-    def _release_contended(self, ticket: Ticket, tokens: int) -> None:
-        """A FastTicket released (its counts already done) while capped or with requests waiting."""
-        if len(self._sched):  # saturation began while it ran: its service counts in the fair order from now on
-            if self.cfg.enabled is not False:
-                self._sched.charge(ticket.tenant, tokens)
-            self._pump()
-
     def _correct(self, tenant: str, delta: int) -> None:
         if delta == 0:
             return
@@ -336,7 +299,7 @@ class AdmissionQueue:
     def _enqueue(self, w: Waiter) -> None:
         sched = self._sched
         if len(sched) >= self.cfg.max_queue_len:
-            victim = self._longest_other(w.tenant)
+            victim = sched.longest_other(w.tenant)
             if victim is None:
                 raise self._rejection(w.tenant, w.route_class, "queue_full")
             else:
@@ -345,17 +308,6 @@ class AdmissionQueue:
                 sched.remove(entry.tenant, entry.route_class, entry.item)
                 self._fail(entry.item, "queue_full")
         sched.push(w.tenant, w.route_class, w, w.tokens)
-
-    def _longest_other(self, tenant: str) -> str | None:
-        """The tenant to evict from for `tenant`: the longest weighted backlog, if clearly longer than its own."""
-        sched = self._sched
-        mine = (sched.backlog(tenant) + 1) / sched.weight(tenant)
-        best, best_len = None, mine
-        for t in sched.backlogged():
-            length = sched.backlog(t) / sched.weight(t)
-            if t != tenant and length > best_len:
-                best, best_len = t, length
-        return best
 
     def _pump(self) -> None:
         sched = self._sched
@@ -446,4 +398,3 @@ class AdmissionQueue:
             return
         if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
             w.future.result().release()  # granted while the cancellation was on its way: hand the slot back
-
