@@ -35,7 +35,7 @@ def test_below_saturation_before_pick_returns_nothing_to_await_and_counts_a_zero
     telemetry = _Waits()
     queue = AdmissionQueue(AdmissionConfig(), pool="main")
     ctx = _ctx("a")
-    assert _hook(queue, telemetry).before_pick(ctx, None) is None  # type: ignore[arg-type,func-returns-value]
+    assert _hook(queue, telemetry).before_pick(ctx, None) is None  # type: ignore[arg-type]
     assert isinstance(ctx.queue_ticket, FastTicket) and queue.in_flight == 1
     assert telemetry.waits == [("main", "a", "bulk", 0.0)]
 
