@@ -35,8 +35,11 @@ class FairAdmission(PathHook):
         self._cluster = cluster
         self._routing = routing
         self._telemetry = telemetry
-        # class -> model name -> the queue of its home pool (None: that pool has none), for the cluster's memo
-        # it was read from (a rediscovery rebuilds the cluster with a new memo; its pools may differ then).
+        self._record_wait = telemetry.record_queue_wait
+        # class -> model name -> the queue of its home pool (None: that pool has none): two lookups per request
+        # (cached_home_and_other and the queue by pool name were three calls, a key tuple and three lookups).
+        # Pools and roles come from the config; a rediscovery rebuilds the cluster (a new memo), and the next
+        # scrape of it clears this table anyway.
         self._homes: dict[str, dict[str, AdmissionQueue | None]] = {}
         self._homes_of: object = None
 
@@ -45,7 +48,13 @@ class FairAdmission(PathHook):
         else what `_queued` waits for."""
         assert ctx.route_class is not None and ctx.tenant is not None
         rclass = ctx.route_class.route_class
-        queue = self.queues.get(ctx.pinned[0]) if ctx.pinned is not None else self._home_queue(model, rclass)
+        if ctx.pinned is not None:
+            queue = self.queues.get(ctx.pinned[0])
+        else:
+            try:
+                queue = self._homes[rclass][model.name]
+            except KeyError:
+                queue = self._home_queue(model, rclass)
         if queue is None:
             return None
         tenant = ctx.tenant.id
@@ -53,7 +62,7 @@ class FairAdmission(PathHook):
         if ticket is None:
             return self._queued(ctx, model)
         ctx.queue_ticket = ticket
-        self._telemetry.record_queue_wait(queue.pool, tenant, rclass, 0.0)
+        self._record_wait(queue.pool, tenant, rclass, 0.0)
         return None
 
     async def _queued(self, ctx: RequestContext, model: ModelConfig) -> None:
@@ -90,23 +99,20 @@ class FairAdmission(PathHook):
             return
 
     def _home_queue(self, model: ModelConfig, rclass: RouteClass) -> AdmissionQueue | None:
-        """The queue of the class's home pool: two lookups per request (cached_home_and_other and the queue by
-        pool name were a call, a key tuple and two lookups)."""
+        """The queue of the class's home pool, remembered in `_homes`."""
         cluster = self._cluster()
         if cluster.memo is not self._homes_of:
             self._homes_of, self._homes = cluster.memo, {}
-        by_model = self._homes.get(rclass)
-        if by_model is None:
-            by_model = self._homes[rclass] = {}
-        try:
-            return by_model[model.name]
-        except KeyError:
-            queue = by_model[model.name] = self.queues.get(cached_home_and_other(model, rclass, cluster)[0].name)
-            return queue
+        queue = self.queues.get(cached_home_and_other(model, rclass, cluster)[0].name)
+        self._homes.setdefault(rclass, {})[model.name] = queue
+        return queue
 
     def on_scrape(self, replica: ReplicaState) -> None:
         """After a replica's probe: its pool's queue re-assesses saturation (and may release waiters)."""
         queue = self.queues.get(replica.pool)
-        pool = self._cluster().pools.get(replica.pool)
+        cluster = self._cluster()
+        if cluster.memo is not self._homes_of:  # rebuilt by a rediscovery: home pools are looked up again
+            self._homes_of, self._homes = cluster.memo, {}
+        pool = cluster.pools.get(replica.pool)
         if queue is not None and pool is not None:
             queue.on_state_change(pool.candidates())
