@@ -43,7 +43,8 @@ def settle_ticket(ctx: RequestContext) -> None:
         return
     usage = ctx.usage
     if usage.reported:
-        ticket.release(usage.uncached_tokens + usage.completion_tokens)
+        uncached = usage.prompt_tokens - usage.cached_tokens  # Usage.uncached_tokens without its two calls
+        ticket.release((uncached if uncached > 0 else 0) + usage.completion_tokens)
     elif not ctx.upstream_called:
         ticket.release(0)  # never reached an engine: nothing to charge
     elif ticket.predicted_tokens:
