@@ -17,26 +17,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from app.admission.pace import EventRate
 from app.admission.tenants import ActiveTenants
 from app.admission.vtc import VirtualTokenCounter
 from app.config.admission import AdmissionConfig, RouteClass
-from app.queue_ticket import Ticket, TicketOwner
-
-
-class FastOwner(TicketOwner, Protocol):
-    """What a FastTicket counts on its queue (app.admission.queue.AdmissionQueue)."""
-
-    in_flight: int
-    tenant_in_flight: dict[str, int]
-    served_tokens: dict[str, float]
-    _open_below: int
-    _releases: EventRate
-    _clock: Callable[[], float]
-
-    def _release_contended(self, ticket: Ticket, tokens: int) -> None: ...
+from app.queue_ticket import Ticket
 
 
 class FastTicket(Ticket):
@@ -46,9 +33,9 @@ class FastTicket(Ticket):
     prefill gate)."""
 
     __slots__ = ()
-    _queue: FastOwner
+    _queue: FastPath
 
-    def __init__(self, queue: FastOwner, tenant: str, route_class: RouteClass, predicted_tokens: int) -> None:
+    def __init__(self, queue: FastPath, tenant: str, route_class: RouteClass, predicted_tokens: int) -> None:
         self._queue = queue
         self.tenant = tenant
         self.route_class = route_class
