@@ -1,8 +1,9 @@
 """The gateway's admission step: one fair queue per pool that enables it, what a request is charged, the 429.
 
 The FairAdmission hook (app/admission/hook.py, at `before_pick`) acquires a ticket from the queue of the class's
-home pool (`build_queues` made them; `predicted_tokens` is the charge, `queue_error` the 429) and stores it on the
-RequestContext; the settle stage hands it back through `settle_ticket` exactly once.
+home pool (`build_queues` made them; `predicted_tokens` is the charge when the pool is capped or busy, none is
+made below saturation; `queue_error` the 429) and stores it on the RequestContext; the settle stage hands it back
+through `settle_ticket` exactly once, with the actual cost.
 """
 
 from __future__ import annotations
