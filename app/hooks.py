@@ -8,7 +8,8 @@ feature that is off is not registered and costs nothing, and a point no feature 
 The points, in the order a request meets them:
 
 - `before_pick`: the request is classified and normalized; its pool and replica are not chosen yet (response
-  pinning, the fair queue, KV block hashing).
+  pinning, the fair queue, KV block hashing). The path awaits what it returns, if anything: a hook with nothing
+  to wait for on most requests (the fair queue below saturation) is a plain function returning None then.
 - `after_pick`: a replica is chosen, the upstream call not made (once per attempt: the call's estimate).
 - `routed`: the upstream answered; the reply or stream is about to go to the client (pre-warm's record).
 - `before_settle`: the whole reply was sent (or is complete), its status and usage are known, it is not yet
@@ -34,8 +35,10 @@ class PathHook:
 
     name = "hook"
 
-    async def before_pick(self, ctx: RequestContext, model: ModelConfig) -> None:
-        """Before pool and replica are chosen (may pin the request, hold a slot, or raise a GatewayError)."""
+    def before_pick(self, ctx: RequestContext, model: ModelConfig) -> Awaitable[None] | None:
+        """Before pool and replica are chosen (may pin the request, hold a slot, or raise a GatewayError); an
+        awaitable it returns is awaited (an `async def` override returns one)."""
+        return None
 
     def after_pick(self, ctx: RequestContext) -> None:
         """After pick, before each upstream call."""
@@ -54,7 +57,7 @@ class PathHook:
 class Hooks:
     """Per point, the bound methods of the hooks that override it, in registration order."""
 
-    before_pick: tuple[Callable[[RequestContext, ModelConfig], Awaitable[None]], ...] = ()
+    before_pick: tuple[Callable[[RequestContext, ModelConfig], Awaitable[None] | None], ...] = ()
     after_pick: tuple[Callable[[RequestContext], None], ...] = ()
     routed: tuple[Callable[[RequestContext], None], ...] = ()
     before_settle: tuple[Callable[[RequestContext], Awaitable[None]], ...] = ()

@@ -73,7 +73,8 @@ class Path:
                 cap_fields=ctx.surface.output_cap_fields,
             )
             for hook in self.hooks.before_pick:
-                await hook(ctx, model)
+                if (pending := hook(ctx, model)) is not None:  # None: nothing to wait for (app/hooks.py)
+                    await pending
             # pick + upstream (the dispatcher runs the after_pick hooks once per attempt)
             ctx.routing_key = routing_key(ctx.prompt.key_head, ctx.cache_salt or tenant.id)
             outcome = await self.dispatcher.run(ctx, model, ctx.routing_key)

@@ -175,7 +175,8 @@ async def hook_cost(arm: Arm, calls: int) -> float:
         for i in range(calls):
             ctx = ctxs[i & 1]
             ctx.queue_ticket = None
-            await hook.before_pick(ctx, model)
+            if (pending := hook.before_pick(ctx, model)) is not None:
+                await pending
             settle_ticket(ctx)
         samples.append((time.process_time() - t0) / calls * 1e6)
     return statistics.median(samples)

@@ -25,19 +25,20 @@ MIN_EVENTS = 8  # fewer: the rate is unknown
 class EventRate:
     """Events per second over the last RATE_WINDOW events, measured up to `now` (so it decays when they stop)."""
 
-    __slots__ = ("_min", "_times")
+    __slots__ = ("_min", "times")
 
     def __init__(self, min_events: int = MIN_EVENTS) -> None:
-        self._times: deque[float] = deque(maxlen=RATE_WINDOW)
+        # Public so that a caller on every request can append without a Python call (app/admission/fast.py).
+        self.times: deque[float] = deque(maxlen=RATE_WINDOW)
         self._min = min_events
 
     def add(self, at: float) -> None:
         """One event at monotonic time `at`."""
-        self._times.append(at)
+        self.times.append(at)
 
     def per_s(self, now: float) -> float | None:
         """The rate, or None while fewer than the minimum events were seen (or no time has passed)."""
-        t = self._times
+        t = self.times
         if len(t) < self._min:
             return None
         span = now - t[0]

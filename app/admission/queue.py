@@ -3,11 +3,12 @@
     async with queue.admit(tenant, route_class, predicted_tokens) as ticket:
         ...send upstream...; ticket.settle(actual_tokens)
 
-Fast path: nothing waiting and room under the cap -> the ticket is granted without suspending (no lock, no
-future). Saturated: the request waits in its tenant's FIFO and is released in virtual-token-counter order
-(app.admission.vtc) when a ticket of this pool is released or a scrape (`on_state_change`) raises the cap.
-A request that cannot start within its class's deadline, or finds the queue full, gets AdmissionRejected.
-A waiting task that is cancelled (the client went away) leaves the queue; nothing is charged for it.
+Below saturation (no cap, nothing waiting) a request starts as a FastTicket (app/admission/fast.py); capped
+with room and nobody waiting, the ticket is granted without suspending either. Saturated: the request waits in
+its tenant's FIFO, released in virtual-token-counter order (app.admission.vtc) when a ticket of this pool is
+released or a scrape (`on_state_change`) raises the cap. A request that cannot start within its class's deadline,
+or finds the queue full, gets AdmissionRejected. A waiting task that is cancelled (the client went away) leaves
+the queue; nothing is charged for it.
 
 Everything runs on one event loop, so plain attributes need no locks. Metrics are plain attributes for the
 telemetry layer to read: queue lengths per tenant, wait statistics (and an `on_wait` hook per observation),
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from app.admission.entry import Admission, Waiter, loop_call_later
+from app.admission.fast import FastPath
 from app.admission.limit import learn_capacity, next_limit
 from app.admission.pace import EventRate, demand_reserve, pace_gap_s
 from app.admission.prefill import PrefillGate
@@ -38,7 +40,7 @@ MIN_RETRY_AFTER_S = 0.1
 CallLater = Callable[[float, Callable[[], None]], object]  # (delay s, callback) -> handle
 
 
-class AdmissionQueue:
+class AdmissionQueue(FastPath):
     """The admission queue of one pool (one per pool, owned by the gateway; no globals)."""
 
     def __init__(self, cfg: AdmissionConfig, *, pool: str = "", clock: Callable[[], float] = time.monotonic,
@@ -68,8 +70,9 @@ class AdmissionQueue:
         self.tenant_in_flight: dict[str, int] = {}  # tenants with tickets out
         self.saturation = Saturation(False, None, 0, 0, 0)
         self.waits: dict[str, WaitStats] = {}
-        self.served_tokens: dict[str, float] = {}  # charged at start, corrected at settle
+        self.served_tokens: dict[str, float] = {}  # charged at start, corrected at settle (fast: at release)
         self.rejected: dict[tuple[str, RejectReason], int] = {}
+        self._refresh_fast()  # the fast path's bound (app.admission.fast.FastPath)
 
     # ------------------------------------------------------------------------------------------ entry points
     def admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, deadline_s: float | None = None,
@@ -91,18 +94,22 @@ class AdmissionQueue:
 
     def try_admit(self, tenant: str, route_class: RouteClass, predicted_tokens: int, *,
                   watch_first_token: bool = False) -> Ticket | None:
-        """The fast path: a Ticket now when nothing waits and there is room, else None (then await wait())."""
+        """A Ticket now when nothing waits and there is room, else None (then await wait())."""
         tenants = self._tenants  # None unless enabled is unset: then a pass-through while one tenant is served
+        several = tenants is None or tenants.arrived(tenant, self._clock())
+        if self.in_flight < self._open_below:  # below saturation (the same test as start_now)
+            return self._start_fast(tenant, route_class, predicted_tokens)
         if tenants is None:
             if self.cfg.enabled is False:
                 return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
-        elif not tenants.arrived(tenant, self._clock()):
+        elif not several:
             # Alone: nobody to be fair to, so no reserve, pacing, deadline or refusal. But past the engines' slots
             # its requests wait here, in arrival order, instead of in the engines' first-come first-served queue
             # (the same order for it): a tenant that comes next then finds the next free slot, not a backlog of
             # this one's requests that it cannot overtake (measured on 4 slots: 24 queued, 6 s).
             if self.limit is None and self.capacity is not None and self.in_flight >= self.capacity:
                 self.limit = self.capacity
+                self._refresh_fast()
             if len(self._sched) == 0 and (self.limit is None or self.in_flight < self.limit):
                 return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
             return None
@@ -117,6 +124,7 @@ class AdmissionQueue:
             # The engines hold no more: another request would wait in their first-come first-served queue
             # until the next scrape engaged the cap; engage it now (the scrape then re-sizes it).
             self.limit = limit = capacity
+            self._refresh_fast()
         if self._under_share(tenant, limit):
             self._under_arrivals.add(self._clock())  # only while capped: the fast path pays nothing
         if len(self._sched) == 0 and self._room(tenant, predicted_tokens):
@@ -135,6 +143,7 @@ class AdmissionQueue:
             # A lone tenant is never refused: past the queue's bound its request goes to the engines' queue.
             return self._grant(tenant, route_class, predicted_tokens, 0.0, False)
         self._enqueue(w)
+        self._refresh_fast()
         if not alone:  # a lone tenant's request waits as long as it would in the engine's queue
             w.timer = loop.call_later(max(deadline, 0.0), self._expire, w)
         self._pump()
@@ -157,6 +166,7 @@ class AdmissionQueue:
             self._pump()
             self._sched.forget_idle()
             self._recent.forget(self._clock())
+        self._refresh_fast()
         return sat
 
     # --------------------------------------------------------------------------------------------- metrics
@@ -243,7 +253,6 @@ class AdmissionQueue:
 
     def _grant(self, tenant: str, route_class: RouteClass, tokens: int, waited_s: float, queued: bool,
                watch: bool = False) -> Ticket:
-        # Only while capped (saturated): below saturation a start is four counts and a Ticket.
         over = (self.limit is not None and not self._alone() and not self._under_share(tenant, self.limit)
                 and not self._behind(tenant))
         self.in_flight += 1
@@ -290,7 +299,7 @@ class AdmissionQueue:
     def _enqueue(self, w: Waiter) -> None:
         sched = self._sched
         if len(sched) >= self.cfg.max_queue_len:
-            victim = self._longest_other(w.tenant)
+            victim = sched.longest_other(w.tenant)
             if victim is None:
                 raise self._rejection(w.tenant, w.route_class, "queue_full")
             else:
@@ -299,17 +308,6 @@ class AdmissionQueue:
                 sched.remove(entry.tenant, entry.route_class, entry.item)
                 self._fail(entry.item, "queue_full")
         sched.push(w.tenant, w.route_class, w, w.tokens)
-
-    def _longest_other(self, tenant: str) -> str | None:
-        """The tenant to evict from for `tenant`: the longest weighted backlog, if clearly longer than its own."""
-        sched = self._sched
-        mine = (sched.backlog(tenant) + 1) / sched.weight(tenant)
-        best, best_len = None, mine
-        for t in sched.backlogged():
-            length = sched.backlog(t) / sched.weight(t)
-            if t != tenant and length > best_len:
-                best, best_len = t, length
-        return best
 
     def _pump(self) -> None:
         sched = self._sched
@@ -330,6 +328,7 @@ class AdmissionQueue:
             if self._on_wait is not None:
                 self._on_wait(w.tenant, w.route_class, waited)
             w.future.set_result(self._grant(w.tenant, w.route_class, w.tokens, waited, True, w.watch))
+        self._refresh_fast()  # the backlog is empty
 
     def _arm_pace_timer(self) -> None:
         """Pump again when the pacing or the prefill gate lets the next over-share request start (one timer at
@@ -376,6 +375,7 @@ class AdmissionQueue:
     def _expire(self, w: Waiter) -> None:
         if self._sched.remove(w.tenant, w.route_class, w):
             self._fail(w, "deadline")
+            self._refresh_fast()
 
     def _fail(self, w: Waiter, reason: RejectReason) -> None:
         if w.timer is not None:
@@ -394,7 +394,7 @@ class AdmissionQueue:
         if w.timer is not None:
             w.timer.cancel()
         if self._sched.remove(w.tenant, w.route_class, w):
+            self._refresh_fast()
             return
         if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
             w.future.result().release()  # granted while the cancellation was on its way: hand the slot back
-

@@ -1,8 +1,9 @@
 """The gateway's admission step: one fair queue per pool that enables it, what a request is charged, the 429.
 
 The FairAdmission hook (app/admission/hook.py, at `before_pick`) acquires a ticket from the queue of the class's
-home pool (`build_queues` made them; `predicted_tokens` is the charge, `queue_error` the 429) and stores it on the
-RequestContext; the settle stage hands it back through `settle_ticket` exactly once.
+home pool (`build_queues` made them; `predicted_tokens` is the charge when the pool is capped or busy, none is
+made below saturation; `queue_error` the 429) and stores it on the RequestContext; the settle stage hands it back
+through `settle_ticket` exactly once, with the actual cost.
 """
 
 from __future__ import annotations
@@ -34,21 +35,23 @@ def predicted_tokens(ctx: RequestContext) -> int:
     return (prompt if prompt > 0 else 0) + max_output_tokens(ctx.body, ctx.surface.output_cap_fields)
 
 
-def actual_tokens(ctx: RequestContext) -> int | None:
-    """What it did cost (uncached prompt + output), None when unknown (the prediction then stands)."""
-    if ctx.usage.reported:
-        return ctx.usage.uncached_tokens + ctx.usage.completion_tokens
-    if not ctx.upstream_called:
-        return 0  # never reached an engine: nothing to charge
-    return None
-
-
 def settle_ticket(ctx: RequestContext) -> None:
-    """Correct the tenant's charge and free the slot; safe to call on every path (the ticket is released once)."""
+    """Free the slot with what the request did cost (uncached prompt + output; 0 if it never reached an engine;
+    unknown: the prediction stands, made now for a start below saturation, which predicted nothing). Safe to
+    call on every path (the ticket is released once). One function, no helper: it runs on every request."""
     ticket = ctx.queue_ticket
     if ticket is None:
         return
-    ticket.release(actual_tokens(ctx))
+    usage = ctx.usage
+    if usage.reported:
+        uncached = usage.prompt_tokens - usage.cached_tokens  # Usage.uncached_tokens without its two calls
+        ticket.release((uncached if uncached > 0 else 0) + usage.completion_tokens)
+    elif not ctx.upstream_called:
+        ticket.release(0)  # never reached an engine: nothing to charge
+    elif ticket.predicted_tokens:
+        ticket.release()
+    else:
+        ticket.release(predicted_tokens(ctx))
 
 
 def queue_error(err: AdmissionRejected, tenant_id: str) -> GatewayError:

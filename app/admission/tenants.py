@@ -12,23 +12,23 @@ from __future__ import annotations
 class ActiveTenants:
     """Tenants with a request in the last `window_s` seconds."""
 
-    __slots__ = ("_last", "window_s")
+    __slots__ = ("last", "window_s")
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._last: dict[str, float] = {}
+        self.last: dict[str, float] = {}  # tenant -> its last request; the queue's fast path stores it directly
 
     def arrived(self, tenant: str, now: float) -> bool:
         """Record a request of `tenant`; whether the pool now serves more than one tenant."""
-        self._last[tenant] = now
-        return len(self._last) > 1
+        self.last[tenant] = now
+        return len(self.last) > 1
 
     def several(self) -> bool:
         """Whether more than one tenant is present."""
-        return len(self._last) > 1
+        return len(self.last) > 1
 
     def prune(self, now: float) -> None:
         """Forget tenants whose last request is older than the window."""
         cutoff = now - self.window_s
-        if any(t < cutoff for t in self._last.values()):
-            self._last = {k: t for k, t in self._last.items() if t >= cutoff}
+        if any(t < cutoff for t in self.last.values()):
+            self.last = {k: t for k, t in self.last.items() if t >= cutoff}

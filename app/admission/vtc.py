@@ -138,6 +138,17 @@ class VirtualTokenCounter(Generic[T]):
             self._last_left = self.counters.get(tenant, 0.0)
         return True
 
+    def longest_other(self, tenant: str) -> str | None:
+        """The tenant to evict from for a new item of `tenant`: the longest weighted backlog, if clearly longer
+        than its own would be."""
+        mine = (self.backlog(tenant) + 1) / self.weight(tenant)
+        best, best_len = None, mine
+        for t in self._backlogs:
+            length = self.backlog(t) / self.weight(t)
+            if t != tenant and length > best_len:
+                best, best_len = t, length
+        return best
+
     def newest(self, tenant: str) -> Entry[T] | None:
         """The tenant's most recent bulk entry, else its most recent interactive one (what to evict first)."""
         b = self._backlogs.get(tenant)

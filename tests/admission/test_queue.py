@@ -3,6 +3,7 @@ import random
 
 import pytest
 
+from app.admission.fast import FastTicket
 from app.admission.queue import AdmissionQueue, AdmissionRejected, Ticket
 from app.config.admission import AdmissionConfig
 from tests.admission.fakes import FakeClock, FakeReplica
@@ -160,14 +161,50 @@ async def test_a_waiter_cancelled_just_after_its_grant_hands_the_slot_back() -> 
 
 
 async def test_settle_corrects_the_charge_with_the_actual_tokens() -> None:
-    q = AdmissionQueue(CFG)
+    q, held = saturated_queue(2)
+    held[0].release()  # room under the cap, nobody waiting: granted at once, charged the prediction
     t = q.try_admit("a", "bulk", 1000)
-    assert t is not None
+    assert t is not None and not isinstance(t, FastTicket) and q.counters()["a"] == 1000
     t.settle(300)
     t.settle(5)  # once only
     t.release()
     t.release()  # idempotent
-    assert q.served_tokens == {"a": 300} and q.counters()["a"] == 300 and q.in_flight == 0
+    assert q.served_tokens["a"] == 300 and q.counters()["a"] == 300 and q.in_flight == 1
+
+
+async def test_below_saturation_a_start_counts_its_actual_tokens_and_charges_nothing_to_the_fair_order() -> None:
+    # Nobody waits: a counter charged now would be lifted to the floor when its tenant next waits (VTC), so
+    # the fast path skips the charge; the tenant's served tokens still get the actual cost at release.
+    q = AdmissionQueue(CFG)
+    t = q.try_admit("a", "bulk", 1000)
+    assert isinstance(t, FastTicket) and not t.queued and t.waited_s == 0.0 and not t.over_share
+    t.settle(300)
+    t.settle(5)  # once only
+    t.release()
+    t.release()  # idempotent
+    assert q.served_tokens == {"a": 300} and "a" not in q.counters() and q.in_flight == 0
+    assert t.charged_tokens == 300
+
+
+async def test_a_start_below_saturation_that_ends_while_others_wait_is_charged_to_the_fair_order() -> None:
+    q, held = saturated_queue(1)  # held[0] started before the cap: a fast start of "warm"
+    assert isinstance(held[0], FastTicket)
+    task = asyncio.create_task(q.acquire("a", "bulk", 10))
+    await settle_loop()
+    held[0].release(40)  # its service now counts against what "a" waits for, and its slot goes to "a"
+    ticket = await asyncio.wait_for(task, 1)
+    assert ticket.queued and q.counters()["warm"] == 40 and q.served_tokens["warm"] == 4 * 10 + 40  # 4 released before
+
+
+async def test_start_now_starts_only_below_saturation() -> None:
+    q = AdmissionQueue(CFG)
+    t = q.start_now("a", "interactive")
+    assert isinstance(t, FastTicket) and q.in_flight == 1 and q.tenant_in_flight == {"a": 1}
+    t.release()
+    capped, _ = saturated_queue(1)
+    assert capped.start_now("a", "interactive") is None and capped.in_flight == 1
+    tokens_capped = AdmissionQueue(AdmissionConfig(enabled=True, max_in_flight_tokens=1000))
+    assert tokens_capped.start_now("a", "interactive") is None  # the token cap needs each start's prediction
 
 
 async def test_a_scrape_with_room_again_fills_the_free_slots_and_then_lifts_the_cap() -> None:
