@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 from overhead import MODES, cpu_seconds, gateway_config, load
-from procs import Proc, free_port
+from procs import Proc, instant_upstream, program_gateway, wait_written
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -110,10 +110,7 @@ def main() -> int:
     os.sched_setaffinity(0, {1})
 
     tmp = Path(tempfile.mkdtemp(prefix="kvgate-prof-"))
-    up_port = free_port()
-    upstream = Proc("upstream", f"http://127.0.0.1:{up_port}",
-                    ["taskset", "-c", "1", PY, str(ROOT / "experiments/instant_upstream.py"), str(up_port)])
-    upstream.start(any_status=True)
+    upstream = instant_upstream("1")
     arms: dict[str, tuple[Proc, Path]] = {}
     try:
         for variant in args.variants.split(","):
@@ -122,16 +119,11 @@ def main() -> int:
                 checkouts.append(("old", args.compare_checkout))
             for label, checkout in checkouts:
                 name = f"{variant}@{label}"
-                port = free_port()
                 cfg = tmp / f"{name}.yaml"
                 cfg.write_text(yaml.safe_dump(gateway_config(upstream.url, variant)))
                 out = tmp / f"{name}.pstats"
                 os.environ["PROF_OUT"] = str(out)
-                proc = Proc(name, f"http://127.0.0.1:{port}",
-                            ["taskset", "-c", "0", PY, "-c", boot(checkout), "serve", "--config", str(cfg),
-                             "--port", str(port), "--log-level", "warning"], log=tmp / f"{name}.log")
-                proc.start(any_status=True)
-                arms[name] = (proc, out)
+                arms[name] = (program_gateway(name, boot(checkout), cfg, "0", tmp / f"{name}.log"), out)
         cpu: dict[tuple[str, str], list[float]] = {}
         for mode in args.modes.split(","):
             for proc, _ in arms.values():
@@ -171,11 +163,7 @@ def profile(arms: dict[str, tuple[Proc, Path]], mode: str, args: argparse.Namesp
         time.sleep(0.2)
         n = drained(proc.url, mode, args.profiled)
         os.kill(proc.pid, signal.SIGUSR2)
-        for _ in range(50):
-            time.sleep(0.1)
-            if out.exists() and out.stat().st_size:
-                break
-        time.sleep(0.3)
+        wait_written(out)
         rows[name] = app_rows(out, n)
         if args.keep:
             out.rename(out.with_name(f"{name}-{mode}.pstats"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,33 @@ def gateway_proc(name: str, cfg: dict[str, Any], *, port: int | None = None, log
     argv = [*KVGATE, "serve", "--config", path, "--port", str(port), "--log-level", "warning"]
     log = log_dir / f"{name}.log" if log_dir else None
     return Proc(name, f"http://127.0.0.1:{port}", argv, log=log)
+
+
+def instant_upstream(core: str, log: Path | None = None) -> Proc:
+    """experiments/instant_upstream.py on a free port, pinned to `core`, started."""
+    port = free_port()
+    proc = Proc("upstream", f"http://127.0.0.1:{port}",
+                ["taskset", "-c", core, sys.executable, str(ROOT / "experiments/instant_upstream.py"), str(port)],
+                log=log)
+    return proc.start(any_status=True)
+
+
+def program_gateway(name: str, program: str, cfg: Path, core: str, log: Path | None = None) -> Proc:
+    """`kvgate serve --config cfg` run as `python -c program` (a boot program that ends in app.cli.main), pinned to
+    `core`, on a free port, started."""
+    port = free_port()
+    proc = Proc(name, f"http://127.0.0.1:{port}",
+                ["taskset", "-c", core, sys.executable, "-c", program, "serve", "--config", str(cfg),
+                 "--port", str(port), "--log-level", "warning"], log=log)
+    return proc.start(any_status=True)
+
+
+def wait_written(path: Path, timeout_s: float = 5.0, settle_s: float = 0.3) -> None:
+    """Wait until a process we signalled has written `path` (non-empty), then `settle_s` more for it to finish."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (path.exists() and path.stat().st_size):
+        time.sleep(0.05)
+    time.sleep(settle_s)
 
 
 def from_checkout(proc: Proc, code: Path) -> Proc:

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from hot_path_profile import drained
 from overhead import gateway_config
-from procs import Proc, free_port
+from procs import Proc, instant_upstream, program_gateway, wait_written
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -92,11 +92,7 @@ def sample(proc: Proc, out: Path, mode: str, requests: int) -> dict[str, float]:
     drained(proc.url, mode, requests)
     out.unlink(missing_ok=True)
     os.kill(proc.pid, signal.SIGUSR2)
-    for _ in range(50):
-        time.sleep(0.05)
-        if out.exists() and out.stat().st_size:
-            break
-    time.sleep(0.05)
+    wait_written(out, settle_s=0.05)
     totals = json.loads(out.read_text())
     return {name: 1e6 * t / n for name, (n, t) in totals.items() if n}
 
@@ -112,23 +108,15 @@ def main() -> int:
     args = ap.parse_args()
     os.sched_setaffinity(0, {1})
     tmp = Path(tempfile.mkdtemp(prefix="kvgate-stage-"))
-    up_port = free_port()
-    upstream = Proc("upstream", f"http://127.0.0.1:{up_port}",
-                    ["taskset", "-c", "1", PY, str(ROOT / "experiments/instant_upstream.py"), str(up_port)])
-    upstream.start(any_status=True)
+    upstream = instant_upstream("1")
     arms: dict[str, tuple[Proc, Path]] = {}
     try:
         for label, checkout in (("new", None), ("old", args.compare_checkout)):
-            port = free_port()
             cfg = tmp / f"{label}.yaml"
             cfg.write_text(yaml.safe_dump(gateway_config(upstream.url, args.variant)))
             out = tmp / f"{label}.json"
             os.environ["STAGE_OUT"] = str(out)
-            proc = Proc(label, f"http://127.0.0.1:{port}",
-                        ["taskset", "-c", "0", PY, "-c", boot(checkout), "serve", "--config", str(cfg),
-                         "--port", str(port), "--log-level", "warning"], log=tmp / f"{label}.log")
-            proc.start(any_status=True)
-            arms[label] = (proc, out)
+            arms[label] = (program_gateway(label, boot(checkout), cfg, "0", tmp / f"{label}.log"), out)
         for proc, _ in arms.values():
             drained(proc.url, args.mode, 300)
         got: dict[str, dict[str, list[float]]] = {label: {} for label in arms}

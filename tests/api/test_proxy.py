@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.conftest import PUBLIC_MODEL, gateway_config
-from tests.servers import free_port
+from tests.servers import FakeUpstream, free_port
 
 
 def client(base: str, **kw: object) -> openai.OpenAI:
@@ -193,8 +193,8 @@ def test_midstream_failure_ends_stream_with_error_event(gateway: str) -> None:
     assert text.endswith("data: [DONE]\n\n")
 
 
-def test_client_disconnect_aborts_upstream_stream(gateway: str, fake_upstream) -> None:
-    fake, _ = fake_upstream
+def leave_mid_stream(gateway: str, fake: FakeUpstream) -> None:
+    """Read one chunk of a dripping stream, hang up, and wait for the upstream call to be aborted."""
     body = {"model": PUBLIC_MODEL, "messages": [{"role": "user", "content": "mode:drip"}], "stream": True}
     with httpx.stream("POST", gateway + "/v1/chat/completions", json=body, timeout=10) as r:
         for _ in r.iter_raw():
@@ -205,6 +205,10 @@ def test_client_disconnect_aborts_upstream_stream(gateway: str, fake_upstream) -
         time.sleep(0.05)
     assert fake.active == 0
     assert fake.aborted == 1
+
+
+def test_client_disconnect_aborts_upstream_stream(gateway: str, fake_upstream) -> None:
+    leave_mid_stream(gateway, fake_upstream[0])
 
 
 def test_unknown_route_is_openai_404(gateway: str) -> None:
