@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from app.config import parse_config
@@ -20,8 +22,8 @@ def vllm_urls() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def e2e_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
-    """kvgate in front of both servers, anonymous, normalization on."""
+def e2e_gateway_session(vllm_urls: dict[str, str]) -> Iterator[str]:
+    """kvgate in front of both servers, anonymous, normalization on (one for the whole tier)."""
     price = {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 140}
     cfg = parse_config(
         {
@@ -42,3 +44,29 @@ def e2e_gateway(vllm_urls: dict[str, str]) -> Iterator[str]:
     )
     with running_gateway(cfg) as url:
         yield url
+
+
+@pytest.fixture
+def e2e_gateway(e2e_gateway_session: str) -> str:
+    """The tier's gateway once it routes to both pools again: tests/e2e/test_stack_heals.py kills and restarts the
+    real servers, and until the gateway's next probes see them serving, a bulk request (no spill) would get 503."""
+    deadline = time.monotonic() + 120
+    while not serving_both(e2e_gateway_session):
+        assert time.monotonic() < deadline, "the gateway did not see both pools serving within 120 s"
+        time.sleep(0.5)
+    return e2e_gateway_session
+
+
+def serving_both(url: str) -> bool:
+    """Whether the gateway's /metrics shows a serving replica in the fast and the bulk pool."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return False
+    serving = {pool: False for pool in ("fast", "bulk")}
+    for line in text.splitlines():
+        if line.startswith("gateway_pool_replicas") and 'state="serving"' in line:
+            for pool in serving:
+                if f'pool="{pool}"' in line and float(line.rsplit(" ", 1)[1]) >= 1:
+                    serving[pool] = True
+    return all(serving.values())
