@@ -35,7 +35,7 @@ class FairAdmission(PathHook):
         self._cluster = cluster
         self._routing = routing
         self._telemetry = telemetry
-        self._record_wait = telemetry.record_queue_wait
+        self._zero_wait = telemetry.queue_wait_zeros()  # a fast start's 0 s wait, counted in one call
         # class -> model name -> the queue of its home pool (None: that pool has none): two lookups per request
         # (cached_home_and_other and the queue by pool name were three calls, a key tuple and three lookups).
         # Pools and roles come from the config; a rediscovery rebuilds the cluster (a new memo), and the next
@@ -62,7 +62,7 @@ class FairAdmission(PathHook):
         if ticket is None:
             return self._queued(ctx, model)
         ctx.queue_ticket = ticket
-        self._record_wait(queue.pool, tenant, rclass, 0.0)
+        self._zero_wait((queue.pool, tenant, rclass))
         return None
 
     async def _queued(self, ctx: RequestContext, model: ModelConfig) -> None:

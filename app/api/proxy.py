@@ -30,8 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def headers_of(scope: Scope) -> dict[str, str]:
-    """An ASGI scope's headers as a dict with lowercase names."""
+def headers_of(scope: Scope, lowered: bool = False) -> dict[str, str]:
+    """An ASGI scope's headers as a dict with lowercase names; `lowered`: the server lowercased them already (the
+    guarded protocol does, as uvicorn's), so no `.lower()` per header."""
+    if lowered:
+        return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
@@ -118,7 +121,8 @@ class InferenceEndpoint:
         """Parse, run the pipeline, relay; a client that goes away cancels the work (and the upstream call)."""
         started = time.perf_counter()
         gateway = self._gateway()
-        headers = headers_of(scope)
+        channel = channel_of(scope)
+        headers = headers_of(scope, lowered=channel is not None)
         request_id = request_id_from(headers)
         surface = SURFACES[scope["path"]]
         if scope["method"] != "POST":
@@ -127,7 +131,6 @@ class InferenceEndpoint:
             await send_reply(send, _plain_error(surface, err, request_id), lambda: None)
             return
         listen = gateway.cfg.listen
-        channel = channel_of(scope)
         try:
             single_credentials(scope["headers"], headers)
             raw = await _read_body(receive, headers, gateway.cfg.upstream.max_body_bytes, listen.body_timeout_s,

@@ -20,6 +20,9 @@ class _Waits:
     def record_queue_wait(self, pool: str, tenant: str, route_class: str, seconds: float) -> None:
         self.waits.append((pool, tenant, route_class, seconds))
 
+    def queue_wait_zeros(self) -> Any:
+        return lambda key: self.waits.append((*key, 0.0))
+
 
 def _ctx(tenant: str) -> Any:
     return SimpleNamespace(route_class=SimpleNamespace(route_class="bulk"), tenant=SimpleNamespace(id=tenant),

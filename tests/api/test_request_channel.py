@@ -84,3 +84,13 @@ def test_under_the_guarded_server_a_body_sent_in_parts_is_read_whole() -> None:
                 return answer
 
             assert asyncio.run(send_in_parts()).startswith(b"HTTP/1.1 200")
+
+
+def test_under_the_guarded_server_mixed_case_header_names_are_read() -> None:
+    """The endpoint trusts the guarded protocol's lowercase names: X-Request-ID in any case still names the id."""
+    with serve_in_thread(FakeUpstream().app()) as upstream:
+        cfg = gateway_config([upstream], listen={"host": "127.0.0.1", "port": free_port()})
+        with running_guarded_gateway(cfg) as url:
+            r = httpx.post(url + "/v1/chat/completions", headers={"X-Request-ID": "Mixed-Case-1"}, timeout=10,
+                           json={"model": PUBLIC_MODEL, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200 and r.headers["x-request-id"] == "Mixed-Case-1"
