@@ -105,13 +105,11 @@ class FastPath:
         if tenants is not None:
             tenants.last[tenant] = self._clock()  # ActiveTenants.arrived without the call: on every request
         if self.in_flight < self._open_below:
-            self.in_flight += 1
-            tif = self.tenant_in_flight
-            tif[tenant] = tif.get(tenant, 0) + 1
-            return FastTicket(self, tenant, route_class, 0)
+            return self._start_fast(tenant, route_class, 0)
         return None
 
     def _start_fast(self, tenant: str, route_class: RouteClass, predicted_tokens: int) -> Ticket:
+        """A FastTicket counted in flight (start_now's, and try_admit's below saturation with a prediction)."""
         self.in_flight += 1
         tif = self.tenant_in_flight
         tif[tenant] = tif.get(tenant, 0) + 1

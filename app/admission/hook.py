@@ -100,9 +100,7 @@ class FairAdmission(PathHook):
 
     def _home_queue(self, model: ModelConfig, rclass: RouteClass) -> AdmissionQueue | None:
         """The queue of the class's home pool, remembered in `_homes`."""
-        cluster = self._cluster()
-        if cluster.memo is not self._homes_of:
-            self._homes_of, self._homes = cluster.memo, {}
+        cluster = self._current(self._cluster())
         queue = self.queues.get(cached_home_and_other(model, rclass, cluster)[0].name)
         self._homes.setdefault(rclass, {})[model.name] = queue
         return queue
@@ -110,9 +108,13 @@ class FairAdmission(PathHook):
     def on_scrape(self, replica: ReplicaState) -> None:
         """After a replica's probe: its pool's queue re-assesses saturation (and may release waiters)."""
         queue = self.queues.get(replica.pool)
-        cluster = self._cluster()
-        if cluster.memo is not self._homes_of:  # rebuilt by a rediscovery: home pools are looked up again
-            self._homes_of, self._homes = cluster.memo, {}
-        pool = cluster.pools.get(replica.pool)
+        pool = self._current(self._cluster()).pools.get(replica.pool)
         if queue is not None and pool is not None:
             queue.on_state_change(pool.candidates())
+
+    def _current(self, cluster: ClusterState) -> ClusterState:
+        """`cluster`, with `_homes` emptied if a rediscovery rebuilt it (its memo is new): home pools are looked
+        up again."""
+        if cluster.memo is not self._homes_of:
+            self._homes_of, self._homes = cluster.memo, {}
+        return cluster

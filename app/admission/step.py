@@ -38,14 +38,13 @@ def predicted_tokens(ctx: RequestContext) -> int:
 def settle_ticket(ctx: RequestContext) -> None:
     """Free the slot with what the request did cost (uncached prompt + output; 0 if it never reached an engine;
     unknown: the prediction stands, made now for a start below saturation, which predicted nothing). Safe to
-    call on every path (the ticket is released once). One function, no helper: it runs on every request."""
+    call on every path (the ticket is released once)."""
     ticket = ctx.queue_ticket
     if ticket is None:
         return
     usage = ctx.usage
     if usage.reported:
-        uncached = usage.prompt_tokens - usage.cached_tokens  # Usage.uncached_tokens without its two calls
-        ticket.release((uncached if uncached > 0 else 0) + usage.completion_tokens)
+        ticket.release(usage.uncached_tokens + usage.completion_tokens)
     elif not ctx.upstream_called:
         ticket.release(0)  # never reached an engine: nothing to charge
     elif ticket.predicted_tokens:
