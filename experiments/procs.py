@@ -28,6 +28,8 @@ from kvlab.net import free_port as free_port  # noqa: E402
 from kvlab.net import wait_http as wait_http  # noqa: E402
 from kvlab.procs import KVGATE as KVGATE  # noqa: E402
 from kvlab.procs import Proc as Proc  # noqa: E402
+from kvlab.prom import metric_sum as metric_sum  # noqa: E402
+from kvlab.prom import parse_prom as parse_prom  # noqa: E402
 
 MODEL = "smollm2-135m"
 LAB_PRICE = {"gpu_hour_usd": 2.5, "gpus": 1, "capacity_tokens_per_s": 5000}
@@ -95,32 +97,6 @@ def from_checkout(proc: Proc, code: Path) -> Proc:
     boot = f"import sys; sys.path.insert(0, {str(code.resolve())!r}); from app.cli import main; sys.exit(main())"
     proc.argv = [sys.executable, "-c", boot, *proc.argv[len(KVGATE) :]]
     return proc
-
-
-def parse_prom(text: str) -> dict[str, float]:
-    """Prometheus text → {series name with labels: value} (comments skipped)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
-    return out
-
-
-def metric_sum(sample: dict[str, float], name: str, **labels: str) -> float:
-    """Sum of every series of `name` whose labels include `labels`."""
-    total = 0.0
-    for key, value in sample.items():
-        base = key.split("{", 1)[0]
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in key for k, v in labels.items()):
-            total += value
-    return total
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from app.config import parse_config
+from kvlab.prom import metric_sum, parse_prom
 from tests.conftest import running_gateway
 from tests.e2e.vllm_stack import ensure_vllm_stack
 
@@ -60,13 +61,8 @@ def e2e_gateway(e2e_gateway_session: str) -> str:
 def serving_both(url: str) -> bool:
     """Whether the gateway's /metrics shows a serving replica in the fast and the bulk pool."""
     try:
-        text = httpx.get(url + "/metrics", timeout=10).text
+        sample = parse_prom(httpx.get(url + "/metrics", timeout=10).text)
     except httpx.HTTPError:
         return False
-    serving = {pool: False for pool in ("fast", "bulk")}
-    for line in text.splitlines():
-        if line.startswith("gateway_pool_replicas") and 'state="serving"' in line:
-            for pool in serving:
-                if f'pool="{pool}"' in line and float(line.rsplit(" ", 1)[1]) >= 1:
-                    serving[pool] = True
-    return all(serving.values())
+    serving = [metric_sum(sample, "gateway_pool_replicas", pool=pool, state="serving") for pool in ("fast", "bulk")]
+    return min(serving) >= 1
