@@ -18,21 +18,32 @@ from app.normalize.varying import ACROSS, Variation
 from app.surfaces.placement import is_restated
 
 
-def hoisted(
-    messages: Any, first_user: int, variation: Variation, session: int, plan: tuple[set[int], set[int]]
-) -> list[int]:
-    """The indices of the `system` turns right after the first user message (before any reply) that go before it.
-
-    Learns each turn's variation between sessions under its position; the session's plan keeps the decision.
-    """
+def system_turns_after(messages: Any, first_user: int) -> list[int]:
+    """The indices of the `system` turns right after the first user message, up to a reply or this stage's own
+    tail block (a trailing restated system message): what may go before it."""
     if not isinstance(messages, list):
         return []
-    heads, decided = plan
     out: list[int] = []
     for i in range(first_user + 1, len(messages)):
         msg = messages[i]
         if not isinstance(msg, dict) or msg.get("role") != "system" or is_restated(msg.get("content")):
-            break  # a reply, or this stage's own tail block (a trailing system message)
+            break
+        out.append(i)
+    return out
+
+
+def hoisted(
+    messages: list[Any], first_user: int, turns: list[int], variation: Variation, session: int,
+    plan: tuple[set[int], set[int]],
+) -> list[int]:
+    """Of `turns` (system_turns_after), the indices that go before the first user message.
+
+    Learns each turn's variation between sessions under its position; the session's plan keeps the decision.
+    """
+    heads, decided = plan
+    out: list[int] = []
+    for i in turns:
+        msg = messages[i]
         key = hash(("hoist", i - first_user))
         flags = variation.observe(key, hash(_content_key(msg.get("content"))), session)
         if key not in decided:

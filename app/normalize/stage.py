@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.config import ModelConfig
 from app.context import NormalizeReport, Tenant
-from app.normalize.hoist import hoist, hoisted
+from app.normalize.hoist import hoist, hoisted, system_turns_after
 from app.normalize.layout import (
     SECTION,
     Found,
@@ -115,16 +115,16 @@ def normalize(
         variation = tenant_memory.variation
         found = _found(texts, allowed, variation)
         at = first[1] if first is not None and first[0] == "messages" else None
-        hoisting = SECTION in allowed and isinstance(at, int) and _system_follows(body.get("messages"), at)
+        turns = system_turns_after(body.get("messages"), at) if SECTION in allowed and isinstance(at, int) else []
         # The session and its plan only when something could be placed or hoisted (most requests: nothing). A plan
         # is empty until a span is decided for it, so one made on a later request holds what an earlier one would.
-        if found is not None or hoisting:
+        if found is not None or turns:
             session = session_key(headers, body, view)
             plan = variation.plan(session)
             if found is not None:
                 _place(texts, found, variation, session, plan, head_ok=first is not None)
-            if hoisting and isinstance(at, int):
-                lifted = hoisted(body.get("messages"), at, variation, session, plan)
+            if turns and isinstance(at, int):
+                lifted = hoisted(body["messages"], at, turns, variation, session, plan)
         any_moving = False
         for t in texts:
             if t.moving or t.sections:
@@ -224,14 +224,6 @@ def _found(texts: list[_Text], allowed: frozenset[str], variation: Variation) ->
         if t.scan is not None and t.scan.candidates:
             return per_text
     return None
-
-
-def _system_follows(messages: Any, first_user: int) -> bool:
-    """Whether a system turn comes right after the first user message (what `hoisted` looks at)."""
-    if not isinstance(messages, list) or first_user + 1 >= len(messages):
-        return False
-    after = messages[first_user + 1]
-    return isinstance(after, dict) and after.get("role") == "system"
 
 
 def _place(texts: list[_Text], per_text: list[TextSections | None], variation: Variation, session: int,
