@@ -53,13 +53,14 @@ PACKAGES = {
     "claude": "@anthropic-ai/claude-code@2.1.197",
     "codex": "@openai/codex@0.171.0",
     "opencode": "opencode-ai@1.18.33",
+    "qwen": "@qwen-code/qwen-code@0.24.4",
 }
 MODEL = "qwen3-coder"  # a non-Claude name: the self-hosted way (Claude Code then sends a mid-conversation system turn)
 API_KEY = "sk-lab-0000000000000000"
 WORK = Path("/work/agents-lab-work")  # scratch repos and client homes, the same paths in every arm (not under
 # /tmp: Codex refuses to put its helper binaries under a temporary directory)
 ARMS = ("direct", "off", "on")
-CLIENTS = ("claude", "codex", "opencode")
+CLIENTS = ("claude", "codex", "opencode", "qwen")
 
 # Loopback only: every client's telemetry, update checks, error reporting and non-essential traffic off.
 QUIET_ENV = {
@@ -181,6 +182,8 @@ def client_env(client: str, home: Path, base: str) -> dict[str, str]:
                    CLAUDE_CODE_MAX_OUTPUT_TOKENS="4096", IS_SANDBOX="1")
     elif client == "codex":
         env.update(CODEX_HOME=str(home / ".codex"), LAB_API_KEY=API_KEY)
+    elif client == "qwen":  # Qwen Code's OpenAI-compatible provider: chat completions at OPENAI_BASE_URL
+        env.update(OPENAI_BASE_URL=f"{base}/v1", OPENAI_API_KEY=API_KEY, OPENAI_MODEL=MODEL)
     return env
 
 
@@ -212,6 +215,15 @@ def setup_home(client: str, home: Path, base: str) -> None:
                                  "models": {MODEL: {"name": MODEL, "tool_call": True}}}},
             "permission": {"bash": "allow", "edit": "allow"},
         }, indent=2))
+    elif client == "qwen":
+        (home / ".qwen").mkdir()
+        (home / ".qwen" / "settings.json").write_text(json.dumps({
+            "security": {"auth": {"selectedType": "openai"}},
+            "model": {"name": MODEL},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True, "checkpointing": {"enabled": False}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+        }, indent=2))
     elif client == "claude":
         (home / ".claude").mkdir()
         (home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True, "bypassPermissionsModeAccepted":
@@ -230,6 +242,9 @@ def client_argv(client: str, prompt: str, *, resume: bool, extra: list[str] | No
         flags = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
         flags += extra
         return [exe, "exec", "resume", "--last", *flags, prompt] if resume else [exe, "exec", *flags, prompt]
+    if client == "qwen":
+        return [exe, "--yolo", "--output-format", "json", "-m", MODEL, *extra, *(["--continue"] if resume else []),
+                prompt]
     return [exe, "run", *extra, *(["--continue"] if resume else []), prompt]
 
 

@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from run import PACKAGES  # the lab's pinned clients (this directory is on sys.path when run as a script)
+
 WORKS = ("/work/agents-lab-work", "/tmp/agents-lab-work")  # the lab's scratch root, now and in its first runs
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 LONG_HEX = re.compile(r"\b[0-9a-f]{32,}\b")
@@ -102,12 +104,14 @@ def main() -> int:
     p.add_argument("captures", type=Path)
     p.add_argument("--arm", default="direct", help="which arm's capture (every arm sends the same client bodies)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/fixtures/agents")
-    p.add_argument("--clients", default="claude,codex,opencode")
+    p.add_argument("--clients", default=",".join(PACKAGES))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    manifest_path = args.out / "MANIFEST.json"
     manifest: dict[str, Any] = {"source": "experiments/agents_lab/run.py", "arm": args.arm, "clients": {}}
-    versions = {"claude": "@anthropic-ai/claude-code 2.1.197", "codex": "@openai/codex 0.171.0",
-                "opencode": "opencode-ai 1.18.33"}
+    if manifest_path.exists():  # clients not scrubbed this time keep their entries
+        manifest["clients"] = json.loads(manifest_path.read_text()).get("clients", {})
+    versions = {name: " ".join(pkg.rsplit("@", 1)) for name, pkg in PACKAGES.items()}
     for client in args.clients.split(","):
         src = args.captures / f"{client}-{args.arm}.jsonl"
         if not src.exists():
@@ -119,7 +123,7 @@ def main() -> int:
         manifest["clients"][client] = {"version": versions.get(client, "?"), "requests": len(recs),
                                        "file": dst.name, "bytes": dst.stat().st_size}
         print(f"{dst}: {len(recs)} requests, {dst.stat().st_size:,} bytes")
-    (args.out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     return 0
 
 
