@@ -12,9 +12,17 @@ from __future__ import annotations
 import re
 from typing import Literal, NamedTuple
 
-from app.normalize.rules import ID_RULES
+from app.normalize.regions import refers_by_position
+from app.normalize.rules import ID_RULES, SPAN_RX
 from app.normalize.scan import Candidate
-from app.normalize.sections import declared_dirs, dir_forms, find_sections, holds_any
+from app.normalize.sections import (
+    declared_dirs,
+    dir_forms,
+    find_sections,
+    holds_any,
+    holds_git_state,
+    is_reminder_block,
+)
 from app.normalize.varying import ACROSS, WITHIN, Variation
 
 Place = Literal["tail", "head"]
@@ -93,3 +101,33 @@ def section_place(f: Found, text: str, dirs: list[str], flags: int) -> Place | N
     if f.named or flags & ACROSS or (dirs and holds_any(text, f.start, f.end, dirs)):
         return "head"
     return None
+
+
+def shared_preamble(parts: list[tuple[int, str, bool]], dirs: list[str]) -> tuple[int, ...]:
+    """Which parts of the first user turn go before the head block, in order: the client's reminders that every
+    session sends alike. Qwen Code opens that turn with reminders, [skills (6 KB), environment (cwd, date, folder
+    tree), deferred tools (2.6 KB), date], then the user's words; with its skills and tools lists first, then the
+    head block, a session in another directory recomputes neither.
+
+    `parts` are the turn's text parts in order: (index in the content list, text, holds a volatile line). Only the
+    leading run of whole reminder blocks is looked at. A reminder is shared when it holds no volatile line, no date,
+    time or id (Claude Code's `# currentDate` reminder is per day) and no working directory. A shared one moves
+    ahead of a per-session one only when neither refers to the other by position ("the date above"). A pure
+    function of the first user turn, which every request of a session repeats: the layout never moves."""
+    lead: list[int] = []
+    passed: list[str] = []  # the per-session reminders a later shared one would move ahead of
+    for position, (index, text, volatile) in enumerate(parts):
+        if index != position or not is_reminder_block(text):
+            break
+        shared = not volatile and SPAN_RX.search(text) is None and not (dirs and holds_any(text, 0, len(text), dirs))
+        if not shared:
+            passed.append(text)
+        elif not passed or not any(refers_by_position(t) for t in (text, *passed)):
+            lead.append(index)
+    return tuple(lead)
+
+
+def head_order(pieces: list[str]) -> list[str]:
+    """The head block's pieces in the client's order, git status snapshots last: a git status changes far more often
+    than the directory or the memory path, and what follows a changed piece is computed again."""
+    return sorted(pieces, key=holds_git_state)

@@ -16,9 +16,11 @@ from app.normalize.layout import (
     Place,
     TextSections,
     dir_needles,
+    head_order,
     line_place,
     section_place,
     sections_of,
+    shared_preamble,
 )
 from app.normalize.memory import TenantMemory, VolatilityMemory
 from app.normalize.regions import refers_by_position
@@ -108,6 +110,7 @@ def normalize(
     texts = [_Text(slot, first is not None and slot.path[: len(first)] == first) for slot in view.head]
     moved: dict[str, int] = {}
     to_head = 0
+    dirs: list[str] = []  # the working directories the head texts declare, and their slugs
     lifted: list[int] = []  # system turns after the first user message that go before it (app/normalize/hoist)
     if allowed and texts:
         tenant_memory = memory.for_tenant(tenant.id)
@@ -122,7 +125,7 @@ def normalize(
             session = session_key(headers, body, view)
             plan = variation.plan(session)
             if found is not None:
-                _place(texts, found, variation, session, plan, head_ok=first is not None)
+                dirs = _place(texts, found, variation, session, plan, head_ok=first is not None)
             if turns and isinstance(at, int):
                 lifted = hoisted(body["messages"], at, turns, variation, session, plan)
         any_moving = False
@@ -167,7 +170,7 @@ def normalize(
     if not moved and not tools_changed and date_string is None:
         return body, _ON_UNCHANGED
 
-    out = _apply_moves(body, texts, surface, model, view) if moved else dict(body)
+    out = _apply_moves(body, texts, surface, model, view, dirs) if moved else dict(body)
     if lifted and first is not None and isinstance(first[1], int):
         out = hoist(out, first[1], lifted)  # last: the moves above address messages by their index
     if tools_changed:
@@ -227,8 +230,9 @@ def _found(texts: list[_Text], allowed: frozenset[str], variation: Variation) ->
 
 
 def _place(texts: list[_Text], per_text: list[TextSections | None], variation: Variation, session: int,
-           plan: tuple[set[int], set[int]], *, head_ok: bool) -> None:
-    """Decide where each volatile line and section goes (`layout`), under the session's plan.
+           plan: tuple[set[int], set[int]], *, head_ok: bool) -> list[str]:
+    """Decide where each volatile line and section goes (`layout`), under the session's plan; returns the working
+    directories the texts declare (and their slugs).
 
     Sections are found in every text when the tenant allows `section`; a line inside a moving section moves
     with it. What would go to the head stays where it is when it is already in the first user turn, when the
@@ -279,6 +283,7 @@ def _place(texts: list[_Text], per_text: list[TextSections | None], variation: V
             keep.append(c)
             t.places.append(place)
         t.moving = keep
+    return dirs
 
 
 def _value_without_lines(text: str, f: Found, candidates: list[Candidate]) -> int:
@@ -304,7 +309,7 @@ def _refers_by_position(texts: list[_Text], tail_refs: tuple[str, ...]) -> bool:
 
 
 def _apply_moves(
-    body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig, view: PromptView
+    body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig, view: PromptView, dirs: list[str]
 ) -> dict[str, Any]:
     out = body
     tail: list[str] = []
@@ -317,7 +322,10 @@ def _apply_moves(
             (head if place == "head" else tail).append(piece)
         out = with_text(out, t.slot.path, new_text)
     if head and view.first_user is not None:
-        out = at_head(out, view.first_user, "\n\n".join(head), view.part_type)
+        lead = shared_preamble(
+            [(t.slot.part, t.text, t.scan is None or bool(t.scan.candidates)) for t in texts if t.first_user], dirs
+        )
+        out = at_head(out, view.first_user, "\n\n".join(head_order(head)), view.part_type, lead)
     return surface.place_tail(out, tail, model.tail_placement) if tail else out
 
 

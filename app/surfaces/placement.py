@@ -65,11 +65,17 @@ def place_in_prompt(prompt: str, lines: list[str]) -> str:
     return prompt[:cut] + block + "\n" + prompt[cut:]
 
 
-def at_head(body: dict[str, Any], content_path: Path, text: str, part_type: str) -> dict[str, Any]:
-    """A copy of `body` whose content at `content_path` (the first user turn) starts with `text`: a first part of
-    its own in a content list, or a leading paragraph of a string. The rest of the body is shared, not copied."""
+def at_head(body: dict[str, Any], content_path: Path, text: str, part_type: str,
+            lead: tuple[int, ...] = ()) -> dict[str, Any]:
+    """A copy of `body` whose content at `content_path` (the first user turn) starts with `text`: a part of its
+    own in a content list, after the parts at the indices `lead` (reminders every session shares, in that order;
+    the other parts follow in theirs), or a leading paragraph of a string. The rest of the body is shared."""
     content = get_path(body, content_path)
     if isinstance(content, str):
         return with_text(body, content_path, text + "\n\n" + content if content else text)
     parts = content if isinstance(content, list) else []
-    return with_text(body, content_path, [{"type": part_type, "text": text}, *parts])
+    head = {"type": part_type, "text": text}
+    if not lead:
+        return with_text(body, content_path, [head, *parts])
+    rest = [p for i, p in enumerate(parts) if i not in lead]
+    return with_text(body, content_path, [*(parts[i] for i in lead), head, *rest])

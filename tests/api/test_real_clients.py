@@ -1,6 +1,6 @@
-"""What Claude Code, Codex and opencode really send (tests/fixtures/agents, captured by experiments/agents_lab) is
-accepted through the gateway as vLLM accepts it; a body the gateway refuses is worded so Claude Code falls back,
-and leaves one log line without prompt text."""
+"""What Claude Code, Codex, opencode and Qwen Code really send (tests/fixtures/agents, captured by
+experiments/agents_lab) is accepted through the gateway as vLLM accepts it; a body the gateway refuses is worded so
+Claude Code falls back, and leaves one log line without prompt text."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def one_of_each_kind(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list({r["kind"]: r for r in recs}.values())
 
 
-@pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
+@pytest.mark.parametrize("client", ["claude", "codex", "opencode", "qwen"])
 @pytest.mark.parametrize("key", ["sk-off", "sk-on"])
 def test_a_real_clients_request_of_each_kind_is_answered_200(gateway: str, client: str, key: str) -> None:
     recs = one_of_each_kind(captured(client))
@@ -68,7 +68,7 @@ def test_a_real_clients_request_of_each_kind_is_answered_200(gateway: str, clien
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
+@pytest.mark.parametrize("client", ["claude", "codex", "opencode", "qwen"])
 @pytest.mark.parametrize("key", ["sk-off", "sk-on"])
 def test_every_captured_request_of_a_real_client_is_answered_200(gateway: str, client: str, key: str) -> None:
     recs = captured(client)
