@@ -15,4 +15,5 @@ RULES: tuple[str, ...] = (
     "epoch",
     "learned",
     "section",
+    "reminder",
 )

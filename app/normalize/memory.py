@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import NamedTuple, TypeVar
 
+from app.normalize.transient import Transient
 from app.normalize.varying import Variation
 
 _V = TypeVar("_V")
@@ -76,7 +77,7 @@ class TenantMemory:
 
     __slots__ = (
         "_capacity", "_fingerprints", "_forget", "_positional", "_publish", "_shapes", "_shared", "_spans", "_static",
-        "_static_rules", "fingerprint_key", "variation",
+        "_static_rules", "fingerprint_key", "transient", "variation",
     )
 
     def __init__(self, capacity: int, fingerprint_key: bytes = b"") -> None:
@@ -103,6 +104,8 @@ class TenantMemory:
         self._shapes: OrderedDict[int, tuple[frozenset[str], Shape]] = OrderedDict()
         # how each span varies (between sessions, within one) and each session's head layout (app/normalize/varying)
         self.variation = Variation(capacity)
+        # reminders clients send in their latest user turn only (app/normalize/transient)
+        self.transient = Transient(capacity)
 
     def observe(self, key: int, value: int, presume_volatile: bool) -> bool:
         """Record one sighting and say whether the span at `key` counts as volatile.

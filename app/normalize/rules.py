@@ -12,7 +12,7 @@ from app.config.normalize import RULES
 # `section` names whole sections (tagged blocks, markdown sections, labelled blocks: app/normalize/sections.py)
 # that vary per session or per request.
 LEARNED = "learned"
-TYPED_RULES = frozenset(RULES) - {LEARNED, "section"}
+TYPED_RULES = frozenset(RULES) - {LEARNED, "section", "reminder"}
 ID_RULES = frozenset({"uuid", "hex_id", "prefixed_id"})
 
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)"

@@ -29,6 +29,7 @@ from app.normalize.scan import Candidate, Scan, remove_spans, scan_text
 from app.normalize.sections import cut
 from app.normalize.session import session_key
 from app.normalize.tools import ToolOrder, canonicalize_tools
+from app.normalize.transient import REMINDER, transient_parts
 from app.normalize.varying import SECTION_WITHIN_AFTER, Variation
 from app.prompt import PromptView, TextSlot, with_text
 from app.surfaces.placement import at_head
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from app.surfaces.base import Surface
 
 _ALL_RULES = frozenset(RULES)
-_ALL_LINE_RULES = _ALL_RULES - {SECTION}  # what `_learn` scans for when the tenant allows every rule (most do)
+_ALL_LINE_RULES = _ALL_RULES - {SECTION, REMINDER}  # what `_learn` scans for when the tenant allows every rule
 # The reports of a request left as it came, shared (frozen; nothing mutates a report): most requests get one.
 _OFF = NormalizeReport(mode="off")
 _ON_UNCHANGED = NormalizeReport(mode="on")
@@ -111,10 +112,11 @@ def normalize(
     moved: dict[str, int] = {}
     to_head = 0
     dirs: list[str] = []  # the working directories the head texts declare, and their slugs
+    reminders: tuple[int, tuple[int, ...]] | None = None  # the latest user turn's transient reminders (its parts)
     lifted: list[int] = []  # system turns after the first user message that go before it (app/normalize/hoist)
     if allowed and texts:
         tenant_memory = memory.for_tenant(tenant.id)
-        _learn(texts, _ALL_LINE_RULES if allowed is _ALL_RULES else allowed - {SECTION}, tenant_memory, now)
+        _learn(texts, _ALL_LINE_RULES if allowed is _ALL_RULES else allowed - {SECTION, REMINDER}, tenant_memory, now)
         variation = tenant_memory.variation
         found = _found(texts, allowed, variation)
         at = first[1] if first is not None and first[0] == "messages" else None
@@ -128,8 +130,11 @@ def normalize(
                 dirs = _place(texts, found, variation, session, plan, head_ok=first is not None)
             if turns and isinstance(at, int):
                 lifted = hoisted(body["messages"], at, turns, variation, session, plan)
-        any_moving = False
-        for t in texts:
+        if REMINDER in allowed and (model.tail_placement == "system" or view.restatable):
+            turns_key = "messages" if "messages" in body else "input"
+            reminders = transient_parts(body.get(turns_key), view.part_type, tenant_memory.transient)
+        any_moving = reminders is not None
+        for t in texts if not any_moving else ():
             if t.moving or t.sections:
                 any_moving = True
                 break
@@ -140,10 +145,12 @@ def normalize(
             or _refers_by_position(texts, view.tail_refs)
         )
         if blocked:
-            lifted = []
+            lifted, reminders = [], None
             for t in texts:
                 t.moving, t.places, t.sections = [], [], []
         else:
+            if reminders is not None:
+                moved[REMINDER] = len(reminders[1])
             if lifted:
                 moved[SECTION] = moved.get(SECTION, 0) + len(lifted)
             for t in texts if any_moving else ():
@@ -170,7 +177,7 @@ def normalize(
     if not moved and not tools_changed and date_string is None:
         return body, _ON_UNCHANGED
 
-    out = _apply_moves(body, texts, surface, model, view, dirs) if moved else dict(body)
+    out = _apply_moves(body, texts, surface, model, view, dirs, reminders) if moved else dict(body)
     if lifted and first is not None and isinstance(first[1], int):
         out = hoist(out, first[1], lifted)  # last: the moves above address messages by their index
     if tools_changed:
@@ -309,7 +316,8 @@ def _refers_by_position(texts: list[_Text], tail_refs: tuple[str, ...]) -> bool:
 
 
 def _apply_moves(
-    body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig, view: PromptView, dirs: list[str]
+    body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig, view: PromptView, dirs: list[str],
+    reminders: tuple[int, tuple[int, ...]] | None,
 ) -> dict[str, Any]:
     out = body
     tail: list[str] = []
@@ -326,7 +334,25 @@ def _apply_moves(
             [(t.slot.part, t.text, t.scan is None or bool(t.scan.candidates)) for t in texts if t.first_user], dirs
         )
         out = at_head(out, view.first_user, "\n\n".join(head_order(head)), view.part_type, lead)
+    if reminders is not None:  # after the edits above, which address parts by their index in the body as sent
+        out = _without_parts(out, body, reminders, tail)
     return surface.place_tail(out, tail, model.tail_placement) if tail else out
+
+
+def _without_parts(out: dict[str, Any], body: dict[str, Any], where: tuple[int, tuple[int, ...]],
+                   tail: list[str]) -> dict[str, Any]:
+    """`out` without the given text parts of one turn of `body` (found by identity: a part an earlier edit
+    rewrote stays where it is), their texts appended to `tail`."""
+    key = "messages" if "messages" in body else "input"
+    index, drop = where
+    sent = body[key][index]["content"]
+    gone = {id(sent[j]) for j in drop}
+    content = out[key][index]["content"]
+    kept = [p for p in content if id(p) not in gone]
+    if len(kept) == len(content):
+        return out
+    tail.extend(p["text"] for p in content if id(p) in gone)
+    return with_text(out, (key, index, "content"), kept)
 
 
 def _tool_order(model: ModelConfig) -> ToolOrder:

@@ -16,6 +16,7 @@ import pytest
 
 from app.normalize import VolatilityMemory, normalize
 from app.sim.prefix_replay import BLOCK_TOKENS, PrefixCache, render
+from app.sim.tokenizer import FallbackTokenizer
 from app.surfaces import CHAT, MESSAGES, RESPONSES, Surface
 from tests.normalize.helpers import NOW, model, tenant
 
@@ -26,6 +27,7 @@ SURFACES: dict[str, tuple[str, Surface]] = {
     "/v1/responses": ("responses", RESPONSES),
 }
 CLIENTS = sorted(p.stem for p in FIXTURES.glob("*.jsonl"))
+TOKENIZER = FallbackTokenizer()  # the sim's
 
 
 def captured(client: str) -> list[dict[str, Any]]:
@@ -36,36 +38,55 @@ def captured(client: str) -> list[dict[str, Any]]:
 
 def replay(client: str, mode: str) -> dict[str, list[tuple[int, int]]]:
     """(cached, prompt) tokens per request, grouped by `<session>/<kind>`, `<kind>` and `all`."""
+    return replay_with_tails(client, mode)[0]
+
+
+def replay_with_tails(client: str, mode: str) -> tuple[dict[str, list[tuple[int, int]]], dict[str, int]]:
+    """`replay`, and per group the tokens of the tail blocks that carry a moved reminder (0 elsewhere): a reminder
+    at the very end of the input is computed again on every request, which is its price."""
     cache = PrefixCache()
     memory = VolatilityMemory()
     out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    tails: dict[str, int] = defaultdict(int)
     for row in captured(client):
         name, surface = SURFACES[row["path"]]
         body = row["body"]
+        tail = 0
         if mode == "on":
             headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
-            body, _ = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
-                                opt_out=False, now=NOW, headers=headers)
+            body, report = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
+                                     opt_out=False, now=NOW, headers=headers)
+            if report.moved.get("reminder"):
+                tail = len(TOKENIZER.encode(render(name, {**body, "messages": body["messages"][-1:]})))
         hit = cache.serve(render(name, body))
         for group in (f"{row['session']}/{row['kind']}", str(row["kind"]), "all"):
             out[group].append(hit)
-    return out
+            tails[group] += tail
+    return out, tails
 
 
 def ratio(hits: list[tuple[int, int]]) -> float:
     return sum(c for c, _ in hits) / sum(p for _, p in hits)
 
 
+def uncached(hits: list[tuple[int, int]]) -> int:
+    return sum(p - c for c, p in hits)
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_captured_sessions_are_never_worse_than_direct(client: str) -> None:
-    direct, on = replay(client, "off"), replay(client, "on")
+    direct = replay(client, "off")
+    on, tails = replay_with_tails(client, "on")
     assert direct.keys() == on.keys()
+    assert ratio(on["all"]) >= ratio(direct["all"])
     for group in direct:
-        if "/" not in group:  # overall and per request kind: never below
-            assert ratio(on[group]) >= ratio(direct[group]), (group, ratio(on[group]), ratio(direct[group]))
-        else:  # per session and kind: at most the one block per request a moved section can shift the block grid by
-            slack = BLOCK_TOKENS * len(direct[group])
-            assert sum(c for c, _ in on[group]) >= sum(c for c, _ in direct[group]) - slack, group
+        # Per request kind and per session: no more uncached tokens than as sent, but for the one block per request
+        # a moved section can shift the block grid by (sessions), and the tail block of a moved reminder: Qwen Code's
+        # date reminder costs ~85 tokens at the end of each request, where it saves the previous turn's tool calls
+        # and outputs on each new turn (the overall ratio above).
+        slack = (BLOCK_TOKENS * len(direct[group]) if "/" in group else 0) + tails[group]
+        assert uncached(on[group]) <= uncached(direct[group]) + slack, (group, uncached(on[group]),
+                                                                         uncached(direct[group]))
 
 
 @pytest.mark.parametrize("client", [c for c in CLIENTS if c in ("claude", "opencode")])
@@ -114,20 +135,22 @@ def test_a_captured_sessions_normalized_prompt_recomputes_no_more_than_the_body_
     # What the live lab showed (docs/measurements/agents-lab.md, 2026-12-02 13:14): within a session nothing the
     # gateway places moves, so each request reuses everything the one before it computed: Claude Code, Codex and
     # opencode send append-only sessions, and so are their normalized prompts. Qwen Code drops the date reminder of
-    # the previous user turn itself: what it sends recomputes from there, and its normalized prompt no more.
+    # the previous user turn itself: what it sends recomputes from there; normalized, the reminder is at the end.
     # opencode's title request is a conversation of its own.
     memory = VolatilityMemory()
     previous: dict[tuple[str, bool], tuple[str, str]] = {}
     for row in captured(client):
         name, surface = SURFACES[row["path"]]
         headers = {k.lower(): v for k, v in (row.get("headers") or {}).items()}
-        body, _ = normalize(row["body"], surface=surface, tenant=tenant("on"), model=model(), memory=memory,
-                            opt_out=False, now=NOW, headers=headers)
+        body, report = normalize(row["body"], surface=surface, tenant=tenant("on"), model=model(), memory=memory,
+                                 opt_out=False, now=NOW, headers=headers)
         sent, prompt = render(name, row["body"]), render(name, body)
+        # A moved reminder's tail block is new at the end of every request (its price, see above).
+        tail = len(render(name, {**body, "messages": body["messages"][-1:]})) if report.moved.get("reminder") else 0
         thread = (row["session"], row["kind"] == "other")
         if thread in previous:
             sent_before, before = previous[thread]
-            assert _new_chars(before, prompt) <= _new_chars(sent_before, sent), (row["seq"], thread)
+            assert _new_chars(before, prompt) <= _new_chars(sent_before, sent) + tail, (row["seq"], thread)
             if client != "qwen":
                 assert prompt.startswith(before), (row["seq"], thread)
         previous[thread] = (sent, prompt)

@@ -103,5 +103,5 @@ def test_only_the_head_is_scanned() -> None:
 def test_rule_names_are_stable_snake_case() -> None:
     assert RULES == (
         "iso_datetime", "rfc2822_datetime", "date", "labelled_datetime", "uuid", "hex_id", "prefixed_id", "epoch",
-        "learned", "section",
+        "learned", "section", "reminder",
     )
