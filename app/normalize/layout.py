@@ -10,10 +10,9 @@ goes to the tail on every turn (it breaks the prefix wherever it is; at the end 
 from __future__ import annotations
 
 import re
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
-from app.normalize.regions import refers_by_position
-from app.normalize.rules import ID_RULES, SPAN_RX
+from app.normalize.rules import ID_RULES
 from app.normalize.scan import Candidate
 from app.normalize.sections import (
     declared_dirs,
@@ -103,7 +102,15 @@ def section_place(f: Found, text: str, dirs: list[str], flags: int) -> Place | N
     return None
 
 
-def shared_preamble(parts: list[tuple[int, str, bool]], dirs: list[str]) -> tuple[int, ...]:
+class ReminderFacts(Protocol):
+    """What is known of a reminder text, memoized per tenant (app/normalize/transient.Transient)."""
+
+    def plain(self, text: str) -> bool: ...
+
+    def refers(self, text: str) -> bool: ...
+
+
+def shared_preamble(parts: list[tuple[int, str, bool]], dirs: list[str], facts: ReminderFacts) -> tuple[int, ...]:
     """Which parts of the first user turn go before the head block, in order: the client's reminders that every
     session sends alike. Qwen Code opens that turn with reminders, [skills (6 KB), environment (cwd, date, folder
     tree), deferred tools (2.6 KB), date], then the user's words; with its skills and tools lists first, then the
@@ -111,7 +118,8 @@ def shared_preamble(parts: list[tuple[int, str, bool]], dirs: list[str]) -> tupl
 
     `parts` are the turn's text parts in order: (index in the content list, text, holds a volatile line). Only the
     leading run of whole reminder blocks is looked at. A reminder is shared when it holds no volatile line, no date,
-    time or id (Claude Code's `# currentDate` reminder is per day) and no working directory. A shared one moves
+    time or id (`facts`, memoized per text: Claude Code's `# currentDate` reminder is per day) and no working
+    directory. A shared one moves
     ahead of a per-session one only when neither refers to the other by position ("the date above"). A pure
     function of the first user turn, which every request of a session repeats: the layout never moves."""
     lead: list[int] = []
@@ -119,10 +127,10 @@ def shared_preamble(parts: list[tuple[int, str, bool]], dirs: list[str]) -> tupl
     for position, (index, text, volatile) in enumerate(parts):
         if index != position or not is_reminder_block(text):
             break
-        shared = not volatile and SPAN_RX.search(text) is None and not (dirs and holds_any(text, 0, len(text), dirs))
+        shared = not volatile and not (dirs and holds_any(text, 0, len(text), dirs)) and facts.plain(text)
         if not shared:
             passed.append(text)
-        elif not passed or not any(refers_by_position(t) for t in (text, *passed)):
+        elif not passed or not any(facts.refers(t) for t in (text, *passed)):
             lead.append(index)
     return tuple(lead)
 

@@ -14,6 +14,7 @@ from app.normalize.layout import (
     SECTION,
     Found,
     Place,
+    ReminderFacts,
     TextSections,
     dir_needles,
     head_order,
@@ -177,7 +178,11 @@ def normalize(
     if not moved and not tools_changed and date_string is None:
         return body, _ON_UNCHANGED
 
-    out = _apply_moves(body, texts, surface, model, view, dirs, reminders) if moved else dict(body)
+    if moved:
+        facts = memory.for_tenant(tenant.id).transient  # the tenant's memo of reminder texts
+        out = _apply_moves(body, texts, surface, model, view, dirs, reminders, facts)
+    else:
+        out = dict(body)
     if lifted and first is not None and isinstance(first[1], int):
         out = hoist(out, first[1], lifted)  # last: the moves above address messages by their index
     if tools_changed:
@@ -317,7 +322,7 @@ def _refers_by_position(texts: list[_Text], tail_refs: tuple[str, ...]) -> bool:
 
 def _apply_moves(
     body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig, view: PromptView, dirs: list[str],
-    reminders: tuple[int, tuple[int, ...]] | None,
+    reminders: tuple[int, tuple[int, ...]] | None, facts: ReminderFacts,
 ) -> dict[str, Any]:
     out = body
     tail: list[str] = []
@@ -331,7 +336,8 @@ def _apply_moves(
         out = with_text(out, t.slot.path, new_text)
     if head and view.first_user is not None:
         lead = shared_preamble(
-            [(t.slot.part, t.text, t.scan is None or bool(t.scan.candidates)) for t in texts if t.first_user], dirs
+            [(t.slot.part, t.text, t.scan is None or bool(t.scan.candidates)) for t in texts if t.first_user], dirs,
+            facts,
         )
         out = at_head(out, view.first_user, "\n\n".join(head_order(head)), view.part_type, lead)
     if reminders is not None:  # after the edits above, which address parts by their index in the body as sent

@@ -1,5 +1,5 @@
-"""Gateway overhead on real agent bodies (30-140 KB, tests/fixtures/agents): this tree against another checkout,
-side by side, over one instant upstream (experiments/instant_upstream.py).
+"""Gateway overhead on real agent bodies (30-140 KB, tests/fixtures/agents: Claude Code, Codex, opencode, Qwen
+Code): this tree against another checkout, side by side, over one instant upstream (experiments/instant_upstream.py).
 
 Per client, every captured generation request is sent `--repeats` times, alternating: straight to the upstream,
 through the gateway of this tree, through the gateway of `--baseline` (each a `kvgate serve` of one worker with a
@@ -99,7 +99,7 @@ def main() -> int:
                "base": start_gateway(args.out, "gw-base", cfg, args.baseline)}
         procs += gws.values()
         sets = {"claude": bodies("claude"), "claude-user": bodies("claude", system_as_user=True),
-                "codex": bodies("codex"), "opencode": bodies("opencode")}
+                "codex": bodies("codex"), "opencode": bodies("opencode"), "qwen": bodies("qwen")}
         rows = []
         with httpx.Client(timeout=60) as client:
             for name, reqs in sets.items():

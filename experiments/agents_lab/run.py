@@ -1,5 +1,5 @@
-"""The real-client lab: Claude Code, Codex CLI and opencode, headless, against `kvgate sim` — direct and through
-kvgate (normalize off / on) — with real tool calls, every body captured, cached/prompt per request and per arm.
+"""The real-client lab: Claude Code, Codex CLI, opencode and Qwen Code, headless, against `kvgate sim` — direct and
+through kvgate (normalize off / on) — with real tool calls, every body captured, cached/prompt per request and arm.
 
 Per client and arm, on fresh processes (sim, gateway, scripted layer, client HOME, scratch repos at the same
 paths in every arm, commits with fixed dates so the git state is byte-identical):
@@ -18,7 +18,7 @@ Arms: direct (client → layer → sim), off / on (client → layer → kvgate �
 
     .venv/bin/python experiments/agents_lab/run.py install                 # npm clients into ~/.cache/kvgate/agents-npm
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/agents_lab/run.py run \
-        [--clients claude,codex,opencode] [--arms direct,off,on] [--out /work/agents-captures/NAME]
+        [--clients claude,codex,opencode,qwen] [--arms direct,off,on] [--out /work/agents-captures/NAME]
     .venv/bin/python experiments/agents_lab/run.py report /work/agents-captures/NAME   # tables again
 
 Captures: OUT/<client>-<arm>.jsonl (one line per request: labels, headers (keys redacted), body, status, usage,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from app.normalize.layout import head_order, shared_preamble
+from app.normalize.layout import head_order
+from app.normalize.layout import shared_preamble as preamble
+from app.normalize.transient import Transient
 
 SKILLS = "<system-reminder>\nThe following skills are available for use with the Skill tool.\n</system-reminder>"
 TOOLS = "<system-reminder>\nThe following tools are reachable through `tool_search`.\n</system-reminder>"
@@ -11,6 +13,10 @@ ENV = ("<system-reminder>\nThis is the Qwen Code. Today's date is Thursday, Dece
 DATE = "<system-reminder>\nThe current date is: Thursday, December 3, 2026.\n</system-reminder>"
 TEXT = "Turn 1: look at the project with the shell."
 DIRS = ["/home/dev/work/inventory", "-home-dev-work-inventory"]
+
+
+def shared_preamble(parts: list[tuple[int, str, bool]], dirs: list[str]) -> tuple[int, ...]:
+    return preamble(parts, dirs, Transient(64))
 
 
 def parts(*texts: str) -> list[tuple[int, str, bool]]:
