@@ -7,6 +7,7 @@ build it; after normalize rewrites a body, the surface builds it again from the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,19 @@ class PromptView:
     restatable: bool = True  # a tail block can be placed (a user turn exists when placement needs one)
     first_user: Path | None = None  # the first user turn's content (a string, or a list of parts)
     part_type: str = "text"  # the type of a text part in this API's content lists
+
+
+_LEADING_TAG_RX = re.compile(r"\s*<(?P<tag>[A-Za-z][\w.\-]{0,40})(?:[ \t][^<>\n]{0,200})?>")
+
+
+def block_tag(text: str) -> str | None:
+    """The tag of `text` when it is one whole tagged block (`<system-reminder>…</system-reminder>`: what coding
+    clients wrap around the user's words in a turn's parts), else None."""
+    m = _LEADING_TAG_RX.match(text)
+    if m is None:
+        return None
+    tag = m.group("tag")
+    return tag if text.rstrip().endswith("</" + tag + ">") else None
 
 
 def text_of(content: Any) -> str:

@@ -17,6 +17,7 @@ import re
 from typing import NamedTuple
 
 from app.normalize.regions import QUOTED_TAGS
+from app.prompt import block_tag
 
 MAX_SECTIONS = 256  # a bound for pathological texts: units past it are left alone
 MAX_TAG_BLOCK_CHARS = 64_000  # a tagged block longer than this is content (a pasted file), not environment
@@ -191,16 +192,11 @@ def _with_paragraph(text: str, start: int, floor: int) -> int:
     return para
 
 
-_LEADING_TAG_RX = re.compile(r"\s*<(?P<tag>[A-Za-z][\w.\-]{0,40})(?:[ \t][^<>\n]{0,200})?>")
-
-
 def is_reminder_block(text: str) -> bool:
     """Whether `text` is one whole tagged block a client adds around the user's words (`<system-reminder>…
     </system-reminder>`), its tag naming no environment (opencode's `<env>` is the session's, not a preamble)."""
-    m = _LEADING_TAG_RX.match(text)
-    if m is None or _SESSION_NAME_RX.search(m.group("tag")) is not None:
-        return False
-    return text.rstrip().endswith("</" + m.group("tag") + ">")
+    tag = block_tag(text)
+    return tag is not None and _SESSION_NAME_RX.search(tag) is None
 
 
 def holds_git_state(text: str) -> bool:

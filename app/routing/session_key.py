@@ -9,7 +9,10 @@ cannot keep a session on the replica that holds its history. The clients name th
 - Messages `metadata.user_id`: Claude Code's JSON `{"device_id", "account_uuid", "session_id"}` (older
   versions: `user_…_account_…_session_<uuid>`);
 - else the history itself: the system text and the first user turn (the prompt view's head), which every turn
-  of one conversation repeats and two conversations rarely share.
+  of one conversation repeats and two conversations rarely share. Parts of that turn that are one whole tagged
+  block are left out: clients add reminders there that they later drop (Qwen Code's date reminder, gone from
+  the first turn once a second one follows), and a key that changes mid-session places the session anew. Two
+  sessions that differ only in such a part share a key (and a replica): the cheap side of the mistake.
 
 The key is salted per tenant like the prefix key, so two tenants never share a session.
 """
@@ -22,7 +25,7 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
-from app.prompt import PromptView
+from app.prompt import PromptView, block_tag
 
 SessionSource = Literal["prompt_cache_key", "header", "metadata", "history"]
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id", "x-session-affinity", "session_id")
@@ -85,7 +88,10 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any], view: Promp
     h.update(b"c\x00")
     user = False
     for slot in view.head:
-        user = user or slot.turn >= 0
+        if slot.turn >= 0:
+            user = True
+            if slot.part >= 0 and block_tag(slot.text) is not None:
+                continue
         h.update(slot.text.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
     return SessionKey(int.from_bytes(h.digest(), "little"), "history") if user else None

@@ -169,13 +169,24 @@ def keys_by_session(client: str, surface: Any) -> dict[str, set[tuple[int, str]]
 
 def test_each_captured_session_of_each_client_has_one_key_of_its_own() -> None:
     for client, surface, source in (("claude", MESSAGES, "header"), ("codex", RESPONSES, "prompt_cache_key"),
-                                    ("opencode", CHAT, "header")):
+                                    ("opencode", CHAT, "header"), ("qwen", CHAT, "history")):
         found = keys_by_session(client, surface)
         if not found:
             continue
         assert all(len(keys) == 1 for keys in found.values()), (client, found)
         assert len({next(iter(k)) for k in found.values()}) == len(found), f"{client}: sessions share a key"
         assert {src for keys in found.values() for _, src in keys} == {source}
+
+
+def test_a_reminder_the_client_drops_from_its_first_turn_does_not_change_the_history_key() -> None:
+    # Qwen Code names no session: its date reminder sits in the first user turn until a second turn follows.
+    first = [{"type": "text", "text": "<system-reminder>\nThe current date is: Thursday.\n</system-reminder>"},
+             {"type": "text", "text": "Turn 1: fix the parser"}]
+    one = {"messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": first}]}
+    two = {"messages": [one["messages"][0], {"role": "user", "content": first[1:]},
+                        {"role": "assistant", "content": "done"}, {"role": "user", "content": "Turn 2"}]}
+    a, b = session_key({}, one, CHAT.view(one), "s"), session_key({}, two, CHAT.view(two), "s")
+    assert a is not None and a == b and a.source == "history"
 
 
 def test_claude_codes_metadata_session_is_the_same_session_as_its_header() -> None:
