@@ -20,7 +20,8 @@ adversary for any placement that balances as sessions arrive, since the first fo
 arm is measured the same way, whatever routed it.
 
     flock /tmp/kvgate-bench.lock .venv/bin/python experiments/agents_lab/session_routing.py \
-        [--arms kvgate,kvgate-nosess,kvgate-kv,round-robin,vllm-router,big] [--order mixed|grouped] [--json F]
+        [--arms kvgate,kvgate-nosess,kvgate-kv,round-robin,vllm-router,big] [--order mixed|grouped] [--json F] \
+        [--clients claude,codex,opencode,qwen --per-client 3]
 
 Reported per arm: requests answered 200; per session the share of its requests on its most used replica (min,
 and how many sessions are at >= 95 %); requests per replica max/mean; cached/prompt over all requests.
@@ -218,8 +219,9 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         if front is not None:
             procs.append(front)
         base = front.url if front is not None else taps[0].url
-        order = ([c for _ in range(args.per_client) for c in CLIENTS] if args.order == "mixed"
-                 else [c for c in CLIENTS for _ in range(args.per_client)])
+        clients = args.clients.split(",")
+        order = ([c for _ in range(args.per_client) for c in clients] if args.order == "mixed"
+                 else [c for c in clients for _ in range(args.per_client)])
         sessions = [session_requests(c, i) for i, c in enumerate(order)]
 
         routes: list[str] = []
@@ -270,6 +272,8 @@ def main() -> int:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--per-client", type=int, default=4)
+    p.add_argument("--clients", default=",".join(CLIENTS),
+                   help="whose captured sessions (tests/fixtures/agents), e.g. claude,codex,opencode,qwen")
     p.add_argument("--order", default="mixed", choices=["mixed", "grouped"], help="the sessions' start order")
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--max-num-seqs", type=int, default=64)
