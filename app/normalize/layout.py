@@ -119,9 +119,9 @@ def shared_preamble(parts: list[tuple[int, str, bool]], dirs: list[str], facts: 
     `parts` are the turn's text parts in order: (index in the content list, text, holds a volatile line). Only the
     leading run of whole reminder blocks is looked at. A reminder is shared when it holds no volatile line, no date,
     time or id (`facts`, memoized per text: Claude Code's `# currentDate` reminder is per day) and no working
-    directory. A shared one moves
-    ahead of a per-session one only when neither refers to the other by position ("the date above"). A pure
-    function of the first user turn, which every request of a session repeats: the layout never moves."""
+    directory. A shared one moves ahead of a per-session one only when neither refers to the other by position
+    ("the date above"). A pure function of the first user turn, which every request of a session repeats: the
+    layout never moves."""
     lead: list[int] = []
     passed: list[str] = []  # the per-session reminders a later shared one would move ahead of
     for position, (index, text, volatile) in enumerate(parts):

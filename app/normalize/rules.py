@@ -9,8 +9,9 @@ from app.config.normalize import RULES
 
 # `learned` is not a detector: it names lines found by their `key=value` / `key: value` structure alone,
 # which move only once the volatility memory has seen their values change (see `lines.parse_learned`).
-# `section` names whole sections (tagged blocks, markdown sections, labelled blocks: app/normalize/sections.py)
-# that vary per session or per request.
+# `section` names whole sections (tagged blocks, markdown sections, labelled blocks, fenced git snapshots:
+# app/normalize/sections.py) that vary per session or per request; `reminder` a reminder part the client sends in
+# its latest user turn only (app/normalize/transient.py). Neither is a line rule.
 LEARNED = "learned"
 TYPED_RULES = frozenset(RULES) - {LEARNED, "section", "reminder"}
 ID_RULES = frozenset({"uuid", "hex_id", "prefixed_id"})

@@ -87,11 +87,12 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any], view: Promp
     h = blake2b(salt.encode(), digest_size=8)
     h.update(b"c\x00")
     user = False
+    first = view.first_user
+    n = len(first) if first is not None else 0
     for slot in view.head:
-        if slot.turn >= 0:
-            user = True
-            if slot.part >= 0 and block_tag(slot.text) is not None:
-                continue
+        user = user or slot.turn >= 0
+        if slot.part >= 0 and first is not None and slot.path[:n] == first and block_tag(slot.text) is not None:
+            continue  # a reminder part of the first user turn (see the docstring)
         h.update(slot.text.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
     return SessionKey(int.from_bytes(h.digest(), "little"), "history") if user else None
