@@ -61,6 +61,8 @@ WORK = Path("/work/agents-lab-work")  # scratch repos and client homes, the same
 # /tmp: Codex refuses to put its helper binaries under a temporary directory)
 ARMS = ("direct", "off", "on")
 CLIENTS = ("claude", "codex", "opencode", "qwen")
+# The same client on another wire: Qwen Code's Anthropic provider (`--auth-type anthropic`, Messages API).
+VARIANTS = {"qwen-anthropic": "qwen"}
 
 # Loopback only: every client's telemetry, update checks, error reporting and non-essential traffic off.
 QUIET_ENV = {
@@ -88,7 +90,7 @@ QUIET_ENV = {
 
 def bin_path(client: str) -> Path:
     """The client's executable in the npm cache."""
-    return NPM_DIR / "node_modules" / ".bin" / client
+    return NPM_DIR / "node_modules" / ".bin" / VARIANTS.get(client, client)
 
 
 def install() -> int:
@@ -184,6 +186,8 @@ def client_env(client: str, home: Path, base: str) -> dict[str, str]:
         env.update(CODEX_HOME=str(home / ".codex"), LAB_API_KEY=API_KEY)
     elif client == "qwen":  # Qwen Code's OpenAI-compatible provider: chat completions at OPENAI_BASE_URL
         env.update(OPENAI_BASE_URL=f"{base}/v1", OPENAI_API_KEY=API_KEY, OPENAI_MODEL=MODEL)
+    elif client == "qwen-anthropic":  # its Anthropic provider: Messages at ANTHROPIC_BASE_URL
+        env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=API_KEY, ANTHROPIC_MODEL=MODEL)
     return env
 
 
@@ -215,10 +219,10 @@ def setup_home(client: str, home: Path, base: str) -> None:
                                  "models": {MODEL: {"name": MODEL, "tool_call": True}}}},
             "permission": {"bash": "allow", "edit": "allow"},
         }, indent=2))
-    elif client == "qwen":
+    elif client in ("qwen", "qwen-anthropic"):
         (home / ".qwen").mkdir()
         (home / ".qwen" / "settings.json").write_text(json.dumps({
-            "security": {"auth": {"selectedType": "openai"}},
+            "security": {"auth": {"selectedType": "openai" if client == "qwen" else "anthropic"}},
             "model": {"name": MODEL},
             "general": {"disableAutoUpdate": True, "disableUpdateNag": True, "checkpointing": {"enabled": False}},
             "privacy": {"usageStatisticsEnabled": False},
@@ -242,9 +246,10 @@ def client_argv(client: str, prompt: str, *, resume: bool, extra: list[str] | No
         flags = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
         flags += extra
         return [exe, "exec", "resume", "--last", *flags, prompt] if resume else [exe, "exec", *flags, prompt]
-    if client == "qwen":
-        return [exe, "--yolo", "--output-format", "json", "-m", MODEL, *extra, *(["--continue"] if resume else []),
-                prompt]
+    if client in ("qwen", "qwen-anthropic"):
+        auth = ["--auth-type", "openai" if client == "qwen" else "anthropic"]
+        return [exe, "--yolo", "--output-format", "json", "-m", MODEL, *auth, *extra,
+                *(["--continue"] if resume else []), prompt]
     return [exe, "run", *extra, *(["--continue"] if resume else []), prompt]
 
 
