@@ -41,11 +41,16 @@ class PromptView:
 
 
 _LEADING_TAG_RX = re.compile(r"\s*<(?P<tag>[A-Za-z][\w.\-]{0,40})(?:[ \t][^<>\n]{0,200})?>")
+# Longer, a tagged part is content (a pasted file), not a reminder: and what is done with a reminder (a search for
+# dates and ids, ~250 ns a character) stays bounded per part whatever a caller sends.
+MAX_REMINDER_CHARS = 16_384
 
 
 def block_tag(text: str) -> str | None:
-    """The tag of `text` when it is one whole tagged block (`<system-reminder>…</system-reminder>`: what coding
-    clients wrap around the user's words in a turn's parts), else None."""
+    """The tag of `text` when it is one whole tagged block of at most `MAX_REMINDER_CHARS` (`<system-reminder>…
+    </system-reminder>`: what coding clients wrap around the user's words in a turn's parts), else None."""
+    if len(text) > MAX_REMINDER_CHARS:
+        return None
     m = _LEADING_TAG_RX.match(text)
     if m is None:
         return None

@@ -77,3 +77,13 @@ def test_a_tenant_without_the_reminder_rule_keeps_it_in_place() -> None:
     normalize({"model": "m", "messages": turn([], 1)}, **kwargs)
     out, report = normalize({"model": "m", "messages": turn([], 2)}, **kwargs)
     assert "reminder" not in report.moved and DATE in out["messages"][2]["content"][0]["text"]
+
+
+def test_a_tagged_part_longer_than_a_reminder_is_content_and_never_moves() -> None:
+    # A hostile or pasted 1 MB `<system-reminder>` part: not a reminder, so never searched for dates or moved.
+    memory = Transient(64)
+    huge = "<system-reminder>\n" + "x" * 1_000_000 + "\n</system-reminder>"
+    one = [user(huge, "Turn 1")]
+    two = [user("Turn 1"), {"role": "assistant", "content": "a"}, user(huge, "Turn 2")]
+    assert transient_parts(one, "text", memory) is None
+    assert transient_parts(two, "text", memory) is None
