@@ -149,10 +149,7 @@ def find_sections(text: str) -> list[Section]:
             continue
         start, end, kind, name = unit
         if open_kind:
-            if absorbing:
-                _extend_last(out, text, start)
-            else:
-                _close(out, seen, text, open_start, start, open_kind, open_name)
+            close_open(start)
         _close(out, seen, text, start, end, kind, name)
         if open_kind == "heading":
             # A tag's section goes on after it as a continuation (same name, next nth: opencode's `<env>` is

@@ -113,7 +113,9 @@ def normalize(
     moved: dict[str, int] = {}
     to_head = 0
     dirs: list[str] = []  # the working directories the head texts declare, and their slugs
-    reminders: tuple[int, tuple[int, ...]] | None = None  # the latest user turn's transient reminders (its parts)
+    # the latest user turn's transient reminders: the body's key of its turns, the turn's index, the parts' indices
+    reminders: tuple[str, int, tuple[int, ...]] | None = None
+    tenant_memory: TenantMemory | None = None
     lifted: list[int] = []  # system turns after the first user message that go before it (app/normalize/hoist)
     if allowed and texts:
         tenant_memory = memory.for_tenant(tenant.id)
@@ -131,9 +133,12 @@ def normalize(
                 dirs = _place(texts, found, variation, session, plan, head_ok=first is not None)
             if turns and isinstance(at, int):
                 lifted = hoisted(body["messages"], at, turns, variation, session, plan)
-        if REMINDER in allowed and (model.tail_placement == "system" or view.restatable):
-            turns_key = "messages" if "messages" in body else "input"
-            reminders = transient_parts(body.get(turns_key), view.part_type, tenant_memory.transient)
+        tail_ok = model.tail_placement == "system" or view.restatable
+        if REMINDER in allowed and tail_ok and first is not None:
+            turns_key = str(first[0])  # "messages" or "input": where the first user turn is, the others are
+            found_parts = transient_parts(body.get(turns_key), view.part_type, tenant_memory.transient)
+            if found_parts is not None:
+                reminders = (turns_key, *found_parts)
         any_moving = reminders is not None
         for t in texts if not any_moving else ():
             if t.moving or t.sections:
@@ -141,8 +146,7 @@ def normalize(
                 break
         # Whether anything goes to the tail is asked only when something moves (most requests: nothing does).
         blocked = any_moving and (
-            (any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts)
-             and not (model.tail_placement == "system" or view.restatable))
+            (any("tail" in t.places or any(p == "tail" for _, p in t.sections) for t in texts) and not tail_ok)
             or _refers_by_position(texts, view.tail_refs)
         )
         if blocked:
@@ -151,7 +155,7 @@ def normalize(
                 t.moving, t.places, t.sections = [], [], []
         else:
             if reminders is not None:
-                moved[REMINDER] = len(reminders[1])
+                moved[REMINDER] = len(reminders[2])
             if lifted:
                 moved[SECTION] = moved.get(SECTION, 0) + len(lifted)
             for t in texts if any_moving else ():
@@ -179,8 +183,8 @@ def normalize(
         return body, _ON_UNCHANGED
 
     if moved:
-        facts = memory.for_tenant(tenant.id).transient  # the tenant's memo of reminder texts
-        out = _apply_moves(body, texts, surface, model, view, dirs, reminders, facts)
+        assert tenant_memory is not None  # spans move only when the block above ran
+        out = _apply_moves(body, texts, surface, model, view, dirs, reminders, tenant_memory.transient)
     else:
         out = dict(body)
     if lifted and first is not None and isinstance(first[1], int):
@@ -322,7 +326,7 @@ def _refers_by_position(texts: list[_Text], tail_refs: tuple[str, ...]) -> bool:
 
 def _apply_moves(
     body: dict[str, Any], texts: list[_Text], surface: Surface, model: ModelConfig, view: PromptView, dirs: list[str],
-    reminders: tuple[int, tuple[int, ...]] | None, facts: ReminderFacts,
+    reminders: tuple[str, int, tuple[int, ...]] | None, facts: ReminderFacts,
 ) -> dict[str, Any]:
     out = body
     tail: list[str] = []
@@ -345,12 +349,11 @@ def _apply_moves(
     return surface.place_tail(out, tail, model.tail_placement) if tail else out
 
 
-def _without_parts(out: dict[str, Any], body: dict[str, Any], where: tuple[int, tuple[int, ...]],
+def _without_parts(out: dict[str, Any], body: dict[str, Any], where: tuple[str, int, tuple[int, ...]],
                    tail: list[str]) -> dict[str, Any]:
     """`out` without the given text parts of one turn of `body` (found by identity: a part an earlier edit
     rewrote stays where it is), their texts appended to `tail`."""
-    key = "messages" if "messages" in body else "input"
-    index, drop = where
+    key, index, drop = where
     sent = body[key][index]["content"]
     gone = {id(sent[j]) for j in drop}
     content = out[key][index]["content"]

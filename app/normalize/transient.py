@@ -118,7 +118,8 @@ def _identity(parts: list[tuple[int, str]], memory: Transient) -> tuple[int | No
 def transient_parts(messages: Any, part_type: str, memory: Transient) -> tuple[int, tuple[int, ...]] | None:
     """Learn from this request, then say which parts of its latest user turn go to the tail: (the turn's index in
     `messages`, the parts' indices), or None. Looks at the last two user turns with text parts only (the turn that
-    was the latest one request ago is the one before the latest now): constant work per request."""
+    was the latest one request ago is the one before the latest now): the walk back to them passes the messages
+    since, and every text it hashes or searches is memoized or bounded (`MAX_REMINDER_CHARS`)."""
     if not isinstance(messages, list):
         return None
     found: list[tuple[int, list[tuple[int, str]]]] = []
