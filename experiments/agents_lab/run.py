@@ -63,6 +63,7 @@ ARMS = ("direct", "off", "on")
 CLIENTS = ("claude", "codex", "opencode", "qwen")
 # The same client on another wire: Qwen Code's Anthropic provider (`--auth-type anthropic`, Messages API).
 VARIANTS = {"qwen-anthropic": "qwen"}
+QWEN_AUTH = {"qwen": "openai", "qwen-anthropic": "anthropic"}  # Qwen Code's auth type (its provider) per lab client
 
 # Loopback only: every client's telemetry, update checks, error reporting and non-essential traffic off.
 QUIET_ENV = {
@@ -219,10 +220,10 @@ def setup_home(client: str, home: Path, base: str) -> None:
                                  "models": {MODEL: {"name": MODEL, "tool_call": True}}}},
             "permission": {"bash": "allow", "edit": "allow"},
         }, indent=2))
-    elif client in ("qwen", "qwen-anthropic"):
+    elif client in QWEN_AUTH:
         (home / ".qwen").mkdir()
         (home / ".qwen" / "settings.json").write_text(json.dumps({
-            "security": {"auth": {"selectedType": "openai" if client == "qwen" else "anthropic"}},
+            "security": {"auth": {"selectedType": QWEN_AUTH[client]}},
             "model": {"name": MODEL},
             "general": {"disableAutoUpdate": True, "disableUpdateNag": True, "checkpointing": {"enabled": False}},
             "privacy": {"usageStatisticsEnabled": False},
@@ -246,9 +247,8 @@ def client_argv(client: str, prompt: str, *, resume: bool, extra: list[str] | No
         flags = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
         flags += extra
         return [exe, "exec", "resume", "--last", *flags, prompt] if resume else [exe, "exec", *flags, prompt]
-    if client in ("qwen", "qwen-anthropic"):
-        auth = ["--auth-type", "openai" if client == "qwen" else "anthropic"]
-        return [exe, "--yolo", "--output-format", "json", "-m", MODEL, *auth, *extra,
+    if client in QWEN_AUTH:
+        return [exe, "--yolo", "--output-format", "json", "-m", MODEL, "--auth-type", QWEN_AUTH[client], *extra,
                 *(["--continue"] if resume else []), prompt]
     return [exe, "run", *extra, *(["--continue"] if resume else []), prompt]
 

@@ -36,6 +36,11 @@ def captured(client: str) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("path") in SURFACES and isinstance(r.get("body"), dict)]
 
 
+def tail_block(name: str, body: dict[str, Any]) -> str:
+    """The rendered last message of a normalized body: the tail block a moved reminder went to."""
+    return render(name, {**body, "messages": body["messages"][-1:]})
+
+
 def replay(client: str, mode: str) -> dict[str, list[tuple[int, int]]]:
     """(cached, prompt) tokens per request, grouped by `<session>/<kind>`, `<kind>` and `all`."""
     return replay_with_tails(client, mode)[0]
@@ -57,7 +62,7 @@ def replay_with_tails(client: str, mode: str) -> tuple[dict[str, list[tuple[int,
             body, report = normalize(body, surface=surface, tenant=tenant("on"), model=model(), memory=memory,
                                      opt_out=False, now=NOW, headers=headers)
             if report.moved.get("reminder"):
-                tail = len(TOKENIZER.encode(render(name, {**body, "messages": body["messages"][-1:]})))
+                tail = len(TOKENIZER.encode(tail_block(name, body)))
         hit = cache.serve(render(name, body))
         for group in (f"{row['session']}/{row['kind']}", str(row["kind"]), "all"):
             out[group].append(hit)
@@ -146,7 +151,7 @@ def test_a_captured_sessions_normalized_prompt_recomputes_no_more_than_the_body_
                                  opt_out=False, now=NOW, headers=headers)
         sent, prompt = render(name, row["body"]), render(name, body)
         # A moved reminder's tail block is new at the end of every request (its price, see above).
-        tail = len(render(name, {**body, "messages": body["messages"][-1:]})) if report.moved.get("reminder") else 0
+        tail = len(tail_block(name, body)) if report.moved.get("reminder") else 0
         thread = (row["session"], row["kind"] == "other")
         if thread in previous:
             sent_before, before = previous[thread]
